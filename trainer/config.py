@@ -1,0 +1,187 @@
+"""Typed, frozen run configuration, grouped by concern.
+
+Only `trainer/__main__.py` reads absl flags; it converts them once into a `RunConfig`. Everything below takes
+these objects, so the trainer is usable as a library and testable without flags. `validate()` runs before
+TensorFlow is imported, so bad input fails fast with a message that names the flag and says what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DEVICE_KINDS = ("gpu", "cpu")
+PARAMETER_DEVICES = ("gpu", "cpu")
+UPDATE_MODES = ("sync",)
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "piecewise")
+RECORD_SCHEMAS = ("auto", "image", "dense")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the flag and what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the examples come from. Empty `train_data` means the built-in digits dataset."""
+
+    train_data: str = ""
+    eval_data: str = ""
+    record_schema: str = "auto"
+    num_classes: int = 0
+    label_offset: int = 0
+    image_size: tuple[int, int] | None = None
+    feature_key: str = "features"
+    label_key: str = "label"
+    shuffle_buffer: int = 10_000
+    eval_batch_size: int = 0  # 0: the global batch size
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str = "cnn"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "momentum"
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-4  # adamw only
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    boundaries: tuple[int, ...] = ()  # piecewise: step boundaries
+    values: tuple[float, ...] = ()  # piecewise: one more value than boundaries
+    clip_global_norm: float = 0.0  # 0: no clipping
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerConfig:
+    """Which devices compute, and how the global batch is cut between them."""
+
+    num_towers: int = 1
+    device: str = "gpu"
+    parameter_device: str = "gpu"
+    global_batch_size: int = 128
+    micro_batches: int = 0  # 0: one per tower
+    update_mode: str = "sync"
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.micro_batches or self.num_towers
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.global_batch_size // self.num_micro_batches
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    model_dir: str = "/tmp/towerflow"
+    train_steps: int = 1000
+    log_every_steps: int = 100
+    eval_every_steps: int = 500
+    checkpoint_every_steps: int = 500
+    histogram_every_steps: int = 100
+    keep_checkpoints: int = 3
+    export: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    towers: TowerConfig = TowerConfig()
+    loop: LoopConfig = LoopConfig()
+    seed: int = 0
+    deterministic: bool = False
+    flags_text: str = ""  # the absl flagfile that reproduces this run, written to model_dir/flags.txt
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _validate_towers(t: TowerConfig) -> None:
+    _require(t.num_towers >= 1, f"--num_gpus ({t.num_towers}) must be at least 1")
+    _require(t.device in DEVICE_KINDS, f"--device ({t.device!r}) must be one of {DEVICE_KINDS}")
+    _require(
+        t.parameter_device in PARAMETER_DEVICES,
+        f"--parameter_device ({t.parameter_device!r}) must be one of {PARAMETER_DEVICES}",
+    )
+    _require(t.update_mode in UPDATE_MODES, f"--update_mode ({t.update_mode!r}) must be one of {UPDATE_MODES}")
+    _require(t.global_batch_size >= 1, f"--global_batch_size ({t.global_batch_size}) must be at least 1")
+    k = t.num_micro_batches
+    _require(k >= 1, f"--micro_batches ({t.micro_batches}) must be at least 1 (or 0 for one per tower)")
+    _require(
+        k % t.num_towers == 0,
+        f"--micro_batches ({k}) must be a multiple of --num_gpus ({t.num_towers}) so every tower "
+        f"gets the same number of micro-batches",
+    )
+    _require(
+        t.global_batch_size % k == 0,
+        f"--global_batch_size ({t.global_batch_size}) must be divisible by --micro_batches ({k})",
+    )
+
+
+def _validate_optimizer(o: OptimizerConfig, train_steps: int) -> None:
+    _require(o.name in OPTIMIZERS, f"--optimizer ({o.name!r}) must be one of {OPTIMIZERS}")
+    _require(o.learning_rate > 0, f"--learning_rate ({o.learning_rate}) must be positive")
+    _require(o.schedule in SCHEDULES, f"--lr_schedule ({o.schedule!r}) must be one of {SCHEDULES}")
+    _require(
+        0 <= o.warmup_steps < train_steps,
+        f"--warmup_steps ({o.warmup_steps}) must be in [0, --train_steps ({train_steps}))",
+    )
+    _require(o.clip_global_norm >= 0, f"--clip_global_norm ({o.clip_global_norm}) must be >= 0")
+    if o.schedule == "piecewise":
+        _require(
+            len(o.values) == len(o.boundaries) + 1,
+            f"--lr_values needs one more value than --lr_boundaries has boundaries "
+            f"(got {len(o.values)} values, {len(o.boundaries)} boundaries)",
+        )
+        _require(
+            list(o.boundaries) == sorted(set(o.boundaries)),
+            f"--lr_boundaries ({list(o.boundaries)}) must be strictly increasing",
+        )
+
+
+def _validate_loop(lp: LoopConfig) -> None:
+    _require(bool(lp.model_dir), "--model_dir must not be empty")
+    _require(lp.train_steps >= 1, f"--train_steps ({lp.train_steps}) must be at least 1")
+    for name in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps", "histogram_every_steps"):
+        value = getattr(lp, name)
+        _require(value >= 0, f"--{name} ({value}) must be >= 0 (0 turns it off)")
+    _require(lp.keep_checkpoints >= 1, f"--keep_checkpoints ({lp.keep_checkpoints}) must be at least 1")
+
+
+def _validate_data(d: DataConfig) -> None:
+    _require(
+        d.record_schema in RECORD_SCHEMAS, f"--record_schema ({d.record_schema!r}) must be one of {RECORD_SCHEMAS}"
+    )
+    if d.train_data:
+        _require(d.num_classes >= 2, f"--num_classes ({d.num_classes}) must be given (>= 2) with --train_data")
+        _require(bool(d.eval_data), "--eval_data must be given with --train_data (file glob of held-out records)")
+    else:
+        _require(not d.eval_data, "--eval_data needs --train_data (without both, the built-in digits are used)")
+    _require(d.shuffle_buffer >= 1, f"--shuffle_buffer ({d.shuffle_buffer}) must be at least 1")
+    _require(d.eval_batch_size >= 0, f"--eval_batch_size ({d.eval_batch_size}) must be >= 0")
+    if d.image_size is not None:
+        _require(
+            len(d.image_size) == 2 and min(d.image_size) >= 1,
+            f"--image_size ({d.image_size}) must be two positive integers H,W",
+        )
+
+
+def validate(config: RunConfig) -> RunConfig:
+    """Checks every value that needs no TensorFlow; returns `config` unchanged.
+
+    Raises:
+      ConfigError: naming the offending flag, its value, and what to change.
+    """
+    _validate_towers(config.towers)
+    _validate_optimizer(config.optimizer, config.loop.train_steps)
+    _validate_loop(config.loop)
+    _validate_data(config.data)
+    return config

@@ -1,0 +1,52 @@
+"""Evaluation: loss and accuracy over the whole eval set, the batch split across the towers."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from trainer import towers as tw
+from trainer.devices import Placement
+
+
+class Evaluator:
+    """Runs the model in inference mode over every eval example once.
+
+    Each batch is split into N near-equal parts (the last batch may be short, so the parts may differ by one
+    example); tower i scores part i; sums are reduced on the parameter device in tower order.
+    """
+
+    def __init__(self, model, placement: Placement, make_dataset):
+        self.model = model
+        self.placement = placement
+        self.make_dataset = make_dataset  # () -> finite dataset of (features, labels)
+        self._eval_fn = tf.function(self._batch_sums)
+
+    def evaluate(self) -> dict:
+        """Returns {"eval_loss", "eval_accuracy", "eval_examples"} as Python numbers."""
+        loss_sum, correct, count = 0.0, 0, 0
+        for features, labels in self.make_dataset():
+            batch_loss, batch_correct = self._eval_fn(features, labels)
+            loss_sum += float(batch_loss)
+            correct += int(batch_correct)
+            count += int(labels.shape[0])
+        if count == 0:
+            raise ValueError("the eval data holds no examples")
+        return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_examples": count}
+
+    def _batch_sums(self, features, labels):
+        num_towers = len(self.placement.towers)
+        with tf.device(self.placement.host):
+            size = tf.shape(labels)[0]
+            sizes = size // num_towers + tf.cast(tf.range(num_towers) < size % num_towers, tf.int32)
+            feature_parts = tf.split(features, sizes, num=num_towers)
+            label_parts = tf.split(labels, sizes, num=num_towers)
+        losses, corrects = [], []
+        for device, x, y in zip(self.placement.towers, feature_parts, label_parts, strict=True):
+            with tf.device(device):
+                logits = tf.cast(self.model(x, training=False), tf.float32)
+                per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+                losses.append(tf.reduce_sum(per_example))
+                hits = tf.equal(tf.argmax(logits, axis=-1, output_type=y.dtype), y)
+                corrects.append(tf.reduce_sum(tf.cast(hits, tf.int32)))
+        with tf.device(self.placement.parameter_device):
+            return tw.ordered_sum(losses), tw.ordered_sum(corrects)

@@ -1,0 +1,203 @@
+"""The outer loop: step budget, and the cadence of logging, histograms, eval and checkpoints.
+
+The loop never computes a gradient; the update mode never logs or checkpoints. The loop asks the mode for
+`n` steps at a time, n being the distance to the next event, so the hot path is a tight run of steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import time
+
+import numpy as np
+
+from trainer.config import LoopConfig
+
+
+def is_time(step: int, every_steps: int) -> bool:
+    """The one rule for every cadence: an event with period `every_steps` (0 = off) fires at its multiples."""
+    return every_steps > 0 and step % every_steps == 0
+
+
+def steps_to_next_event(step: int, train_steps: int, cadences: list[int]) -> int:
+    """How many steps from `step` to the next cadence event or the end of training."""
+    distances = [every - step % every for every in cadences if every > 0]
+    return min([train_steps - step, *distances])
+
+
+@dataclasses.dataclass
+class Throughput:
+    """Examples/sec over the run, the first window (graph tracing, warm-up) left out when there are others."""
+
+    examples: int = 0
+    seconds: float = 0.0
+    first_window: tuple[int, float] | None = None
+
+    def add(self, examples: int, seconds: float) -> None:
+        if self.first_window is None:
+            self.first_window = (examples, seconds)
+            return
+        self.examples += examples
+        self.seconds += seconds
+
+    @property
+    def examples_per_sec(self) -> float:
+        examples, seconds = (self.examples, self.seconds) if self.seconds else (self.first_window or (0, 0.0))
+        return examples / seconds if seconds else 0.0
+
+
+class StopRequested(Exception):
+    """SIGINT/SIGTERM arrived; the loop checkpointed at the last step boundary."""
+
+
+class Loop:
+    """Drives an update mode to `config.train_steps`.
+
+    Args:
+      mode: has `train_steps(n, want_gradients) -> dict of tensors` and `global_step`.
+      config: cadences and budget.
+      global_batch_size: examples per step, for throughput.
+      evaluator: has `evaluate() -> dict` or None.
+      checkpointer: has `save()`.
+      summaries: `trainer.summaries.Summaries`.
+      histogram_variables / histogram_tags: what the gradient histograms are of.
+      log: callable taking one line of text.
+    """
+
+    def __init__(self, mode, config: LoopConfig, global_batch_size: int, evaluator, checkpointer, summaries,
+                 histogram_variables, histogram_tags, log=print):
+        self.mode = mode
+        self.config = config
+        self.global_batch_size = global_batch_size
+        self.evaluator = evaluator
+        self.checkpointer = checkpointer
+        self.summaries = summaries
+        self.histogram_variables = histogram_variables
+        self.histogram_tags = histogram_tags
+        self.log = log
+        self.throughput = Throughput()
+        self.last_train: dict = {}
+        self.last_eval: dict = {}
+        self._stop_signal: int | None = None
+        self._progress = sys.stdout.isatty()
+
+    def run(self) -> dict:
+        """Trains to the step budget; returns the last train and eval metrics (Python numbers).
+
+        Raises:
+          StopRequested: after checkpointing, when SIGINT or SIGTERM arrived.
+        """
+        c = self.config
+        cadences = [c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps, c.histogram_every_steps]
+        step = self._step()
+        with _StopOnSignal(self):
+            while step < c.train_steps:
+                n = steps_to_next_event(step, c.train_steps, cadences)
+                self._train_window(step, n)
+                step = self._step()
+                self._events(step)
+                if self._stop_signal is not None:
+                    self.checkpointer.save()
+                    raise StopRequested(f"stopped by signal {self._stop_signal} at step {step}; checkpoint saved")
+        if not self.last_eval or self.last_eval.get("step") != step:
+            self._evaluate(step)
+        self.checkpointer.save()
+        return {"global_step": step, **self.last_train, **self.last_eval}
+
+    def _step(self) -> int:
+        return int(self.mode.global_step.numpy())
+
+    def _train_window(self, step: int, n: int) -> None:
+        want_histograms = is_time(step + n, self.config.histogram_every_steps)
+        start = time.perf_counter()
+        metrics = self.mode.train_steps(n, want_gradients=want_histograms)
+        gradients = metrics.pop("gradients", None)
+        values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the device
+        seconds = time.perf_counter() - start
+        self.throughput.add(n * self.global_batch_size, seconds)
+        values["examples_per_sec"] = n * self.global_batch_size / seconds
+        self.last_train = {"train_" + k if k in ("loss", "accuracy") else k: v for k, v in values.items()}
+        self.last_train["step_sec"] = seconds / n
+        if gradients is not None:
+            self.summaries.histograms(step + n, self.histogram_tags, gradients, self.histogram_variables)
+
+    def _events(self, step: int) -> None:
+        c = self.config
+        if is_time(step, c.log_every_steps) or step == c.train_steps:
+            self._log_train(step)
+        elif self._progress:
+            self._progress_bar(step)
+        if is_time(step, c.eval_every_steps):
+            self._evaluate(step)
+        if is_time(step, c.checkpoint_every_steps):
+            self.checkpointer.save()
+
+    def _log_train(self, step: int) -> None:
+        t = self.last_train
+        scalars = {
+            "loss": t["train_loss"],
+            "accuracy": t["train_accuracy"],
+            "learning_rate": t["learning_rate"],
+            "grad_global_norm": t["grad_norm"],
+            "examples_per_sec": t["examples_per_sec"],
+            "tower_step_sec": t.get("tower_step_sec", []),
+        }
+        self.summaries.scalars("train", step, scalars)
+        eta = (self.config.train_steps - step) * t["step_sec"]
+        self.log(
+            f"step {step:>7d}/{self.config.train_steps}  loss {t['train_loss']:.4f}  "
+            f"lr {t['learning_rate']:.3g}  {t['examples_per_sec']:,.0f} ex/s  eta {_duration(eta)}"
+        )
+
+    def _evaluate(self, step: int) -> None:
+        if self.evaluator is None:
+            return
+        values = self.evaluator.evaluate()
+        self.summaries.scalars("eval", step, {"loss": values["eval_loss"], "accuracy": values["eval_accuracy"]})
+        self.last_eval = {**values, "step": step}
+        self.log(
+            f"eval at step {step}: loss {values['eval_loss']:.4f}  accuracy {values['eval_accuracy']:.4f}  "
+            f"({values['eval_examples']} examples)"
+        )
+
+    def _progress_bar(self, step: int) -> None:
+        done = step / self.config.train_steps
+        bar = "#" * int(30 * done)
+        sys.stdout.write(f"\r[{bar:<30s}] {step}/{self.config.train_steps}")
+        sys.stdout.flush()
+
+
+class _StopOnSignal:
+    """Turns SIGINT/SIGTERM into a request the loop honours at the next step boundary (Slurm sends SIGTERM
+    before it kills a preempted job). A second signal raises at once."""
+
+    def __init__(self, loop: Loop):
+        self.loop = loop
+        self.previous = {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals can only be handled in the main thread
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.loop._stop_signal is not None:
+            raise KeyboardInterrupt
+        self.loop._stop_signal = signum
+        self.loop.log(f"signal {signum}: stopping at the next step boundary and checkpointing")
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

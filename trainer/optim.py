@@ -1,0 +1,64 @@
+"""Optimizers and learning-rate schedules, built from `OptimizerConfig` with Keras 3's own classes."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from trainer.config import OptimizerConfig
+
+
+def make_schedule(config: OptimizerConfig, train_steps: int) -> keras.optimizers.schedules.LearningRateSchedule:
+    """Returns the schedule: step -> learning rate.
+
+    `cosine` warms up linearly from 0 over `warmup_steps`, then decays to 0 at `train_steps`. `piecewise`
+    holds `values[i]` until `boundaries[i]` (no warmup). `constant` warms up, then holds `learning_rate`.
+    """
+    lr = config.learning_rate
+    if config.schedule == "piecewise":
+        return keras.optimizers.schedules.PiecewiseConstantDecay(list(config.boundaries), list(config.values))
+    if config.schedule == "cosine":
+        decay_steps = max(train_steps - config.warmup_steps, 1)
+        if config.warmup_steps:
+            return keras.optimizers.schedules.CosineDecay(
+                0.0, decay_steps, warmup_target=lr, warmup_steps=config.warmup_steps
+            )
+        return keras.optimizers.schedules.CosineDecay(lr, decay_steps)
+    return _WarmupConstant(lr, config.warmup_steps)
+
+
+class _WarmupConstant(keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, learning_rate: float, warmup_steps: int):
+        self.learning_rate = learning_rate
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        if not self.warmup_steps:
+            return tf.constant(self.learning_rate, tf.float32)
+        return self.learning_rate * tf.minimum(1.0, step / float(self.warmup_steps))
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
+
+
+def make_optimizer(config: OptimizerConfig, train_steps: int, global_step: tf.Variable) -> keras.optimizers.Optimizer:
+    """Builds the optimizer, its learning rate a function of `global_step`.
+
+    The rate reads our own step counter rather than the optimizer's `iterations`, so every update mode
+    (including async, where Keras's counter can lose increments) drives the schedule with the same count.
+    Clipping is not done here: the update mode clips the reduced gradient, so the norm it reports is the
+    one it clipped.
+    """
+    schedule = make_schedule(config, train_steps)
+
+    def learning_rate():
+        return schedule(global_step)
+
+    if config.name == "sgd":
+        return keras.optimizers.SGD(learning_rate)
+    if config.name == "momentum":
+        return keras.optimizers.SGD(learning_rate, momentum=config.momentum)
+    if config.name == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay)

@@ -1,0 +1,47 @@
+"""What a run leaves for people and tools: `metrics.json`, `flags.txt`, and the weights hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+
+def weights_sha256(variables) -> str:
+    """SHA-256 over the bytes of every variable, in the order given.
+
+    The trainer passes `model.variables`: Keras's tracking order (layers in model order, each layer's
+    variables in creation order, non-trainable state such as BatchNorm moving statistics included). Each
+    variable contributes its value as a C-ordered numpy array's raw bytes, nothing else (no names, so renamed
+    layers hash the same).
+    """
+    digest = hashlib.sha256()
+    for variable in variables:
+        digest.update(np.ascontiguousarray(np.asarray(variable.numpy())).tobytes())
+    return digest.hexdigest()
+
+
+def write_json(path: str, values: dict) -> None:
+    """Writes `values` as indented JSON, atomically (a reader never sees a half-written file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(values, f, indent=2, sort_keys=True, default=_plain)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,161 @@
+"""`train(config)`: the library entry point. Builds data, model, optimizer and update mode, then runs the loop.
+
+Usable without flags: `train(RunConfig(...))` returns the metrics it writes to `model_dir/metrics.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import tensorflow as tf
+
+import data
+import models
+from trainer import determinism, devices, optim, report
+from trainer.checkpoint import Checkpointer
+from trainer.config import DataConfig, RunConfig, validate
+from trainer.evaluate import Evaluator
+from trainer.loop import Loop
+from trainer.summaries import Summaries, variable_tags
+from trainer.sync import SyncUpdate
+
+log = logging.getLogger("towerflow")
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The resolved train and eval records."""
+
+    train: data.RecordInfo
+    eval: data.RecordInfo
+    num_classes: int
+
+
+def resolve_inputs(config: DataConfig) -> Inputs:
+    """Finds the records (building the digits cache when no --train_data is given) and reads their shape.
+
+    Raises:
+      data.DataError: no files, unreadable records, train and eval records of different shapes.
+    """
+    if config.train_data:
+        train_pattern, eval_pattern, num_classes = config.train_data, config.eval_data, config.num_classes
+    else:
+        train_pattern, eval_pattern = data.ensure_digits()
+        num_classes = 10
+    schema = _schema(config)
+    train = data.inspect_records(train_pattern, schema, what="--train_data")
+    evaluation = data.inspect_records(eval_pattern, train.schema, what="--eval_data")
+    if evaluation.example_shape != train.example_shape:
+        raise data.DataError(
+            f"--eval_data examples have shape {evaluation.example_shape} but --train_data examples have "
+            f"{train.example_shape}; pass --image_size=H,W to resize both"
+        )
+    return Inputs(train, evaluation, num_classes)
+
+
+def _schema(config: DataConfig):
+    if config.record_schema == "dense":
+        return data.DenseSchema(config.feature_key, config.label_key, config.label_offset)
+    if config.record_schema == "image" or config.label_offset or config.image_size:
+        return data.ImageSchema(config.label_offset, config.image_size)
+    return None  # auto: the first record decides
+
+
+def train(config: RunConfig) -> dict:
+    """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`."""
+    validate(config)
+    loop_config = config.loop
+    os.makedirs(loop_config.model_dir, exist_ok=True)
+    if config.flags_text:
+        report.write_text(os.path.join(loop_config.model_dir, "flags.txt"), config.flags_text)
+    placement = devices.resolve(config.towers)
+    determinism.configure(config.seed, config.deterministic)
+    inputs = resolve_inputs(config.data)
+    state = _build_state(config, placement, inputs)
+    restored = state.checkpointer.restore_latest()
+    if restored:
+        log.info("resumed from %s at step %d", restored, int(state.global_step.numpy()))
+    summaries = Summaries(loop_config.model_dir)
+    summaries.hparams(hparams(config))
+    trainable = state.model.trainable_variables
+    loop = Loop(state.mode, loop_config, config.towers.global_batch_size, state.evaluator, state.checkpointer,
+                summaries, trainable, variable_tags(trainable), log=_log_line)
+    try:
+        results = loop.run()
+    finally:
+        summaries.close()
+    metrics = _final_metrics(config, state, loop, results)
+    if loop_config.export:
+        state.model.export(os.path.join(loop_config.model_dir, "export"), verbose=False)
+    report.write_json(os.path.join(loop_config.model_dir, "metrics.json"), metrics)
+    return metrics
+
+
+@dataclasses.dataclass
+class _State:
+    model: object
+    global_step: tf.Variable
+    mode: SyncUpdate
+    evaluator: Evaluator
+    checkpointer: Checkpointer
+
+
+def _build_state(config: RunConfig, placement: devices.Placement, inputs: Inputs) -> _State:
+    """Model, optimizer and step on the parameter device; the input iterator on the host."""
+    t = config.towers
+    with tf.device(placement.parameter_device):
+        model = models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        optimizer = optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
+        optimizer.build(model.trainable_variables)
+    with tf.device(placement.host):
+        train_ds = data.make_dataset(inputs.train, batch_size=t.global_batch_size, training=True,
+                                     seed=config.seed, shuffle_buffer=config.data.shuffle_buffer)
+        iterator = iter(train_ds)
+    eval_batch = config.data.eval_batch_size or t.global_batch_size
+    evaluator = Evaluator(model, placement,
+                          lambda: data.make_dataset(inputs.eval, batch_size=eval_batch, training=False))
+    mode = SyncUpdate(model, optimizer, placement, t.num_micro_batches, global_step, iterator,
+                      clip_global_norm=config.optimizer.clip_global_norm)
+    checkpointer = Checkpointer(config.loop.model_dir, config.loop.keep_checkpoints, global_step,
+                                model=model, optimizer=optimizer, iterator=iterator)
+    return _State(model, global_step, mode, evaluator, checkpointer)
+
+
+def _final_metrics(config: RunConfig, state: _State, loop: Loop, results: dict) -> dict:
+    t = config.towers
+    metrics = {
+        "global_step": results["global_step"],
+        "train_loss": results.get("train_loss"),
+        "train_accuracy": results.get("train_accuracy"),
+        "eval_loss": results.get("eval_loss"),
+        "eval_accuracy": results.get("eval_accuracy"),
+        "eval_examples": results.get("eval_examples"),
+        "examples_per_sec": loop.throughput.examples_per_sec,
+        "num_towers": t.num_towers,
+        "micro_batches": t.num_micro_batches,
+        "global_batch_size": t.global_batch_size,
+        "update_mode": t.update_mode,
+        "deterministic": config.deterministic,
+        "model": config.model.name,
+        "weights_sha256": report.weights_sha256(state.model.variables),
+        "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
+    }
+    return metrics
+
+
+def hparams(config: RunConfig) -> dict:
+    """The run's settings, flattened (`towers.num_towers`, `optimizer.learning_rate`, ...) for TensorBoard."""
+    flat = {}
+    for group, values in dataclasses.asdict(config).items():
+        if isinstance(values, dict):
+            flat.update({f"{group}.{k}": v for k, v in values.items()})
+        elif group != "flags_text":
+            flat[group] = values
+    return flat
+
+
+def _log_line(text: str) -> None:
+    print(text, flush=True)

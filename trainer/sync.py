@@ -1,0 +1,132 @@
+"""Synchronous updates: one `tf.function` per global step, towers run concurrently inside it.
+
+The global batch is split on the host into K micro-batches; micro-batch j runs on tower j*N//K. The
+parameter device sums the K results in micro-batch order, divides by K, clips, and applies one optimizer
+update. With `--deterministic` the result is bitwise the same for every N that divides K.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from trainer import towers as tw
+from trainer.devices import Placement, tower_of_micro_batch
+
+
+def _now():
+    """Wall-clock seconds as a graph op. `tf.timestamp` is refused under op determinism; a host callback
+    is not, and costs microseconds. Control dependencies order it against the tower's work."""
+    return tf.py_function(time.perf_counter, [], tf.float64)
+
+
+class SyncUpdate:
+    """The sync update mode. `train_steps(n)` runs n global steps and returns their metrics.
+
+    Args:
+      model: Keras model (logits out) whose variables live on `placement.parameter_device`.
+      optimizer: built Keras optimizer (slots on the parameter device).
+      placement: tower and parameter devices.
+      num_micro_batches: K; a multiple of the number of towers.
+      global_step: int64 `tf.Variable` on the parameter device; +1 per update.
+      iterator: yields (features, labels) global batches.
+      clip_global_norm: clip the averaged gradient to this global norm; 0 turns clipping off.
+      jit_compile: compile the step with XLA.
+    """
+
+    def __init__(
+        self,
+        model,
+        optimizer,
+        placement: Placement,
+        num_micro_batches: int,
+        global_step,
+        iterator,
+        clip_global_norm: float = 0.0,
+        jit_compile: bool = False,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.placement = placement
+        self.num_micro_batches = num_micro_batches
+        self.global_step = global_step
+        self.iterator = iterator
+        self.clip_global_norm = clip_global_norm
+        self.global_batch_size = int(iterator.element_spec[1].shape[0])
+        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+        self._step_fn = tf.function(self._step, jit_compile=jit_compile)
+
+    def train_steps(self, num_steps: int, want_gradients: bool = False) -> dict:
+        """Runs `num_steps` updates. Returns tensors: the mean loss and accuracy over them, and the last
+        step's learning rate, gradient norm and per-tower times (and averaged gradients if asked).
+
+        Only the last step measures tower times (and returns gradients): the other steps run a leaner trace.
+        """
+        losses, correct = [], []
+        for i in range(num_steps):
+            report = i == num_steps - 1
+            metrics = self._step_fn(self.iterator, report, report and want_gradients)
+            losses.append(metrics.pop("loss"))
+            correct.append(metrics.pop("correct"))
+        metrics["loss"] = tw.ordered_mean(losses)
+        metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (num_steps * self.global_batch_size)
+        return metrics
+
+    def _step(self, iterator, report: bool, want_gradients: bool):
+        placement = self.placement
+        with tf.device(placement.host):
+            features, labels = next(iterator)
+            feature_parts = tf.split(features, self.num_micro_batches)
+            label_parts = tf.split(labels, self.num_micro_batches)
+        with tf.device(placement.parameter_device):
+            step = self.global_step.read_value()
+            trainable = [v.value for v in self.model.trainable_variables]
+            non_trainable = [v.value for v in self.model.non_trainable_variables]
+        results, tower_sec = self._run_towers(feature_parts, label_parts, trainable, non_trainable, step, report)
+        with tf.device(placement.parameter_device):
+            metrics = self._apply(results)
+        if report:
+            metrics["tower_step_sec"] = tf.stack(tower_sec)
+        if not want_gradients:
+            metrics.pop("gradients")
+        return metrics
+
+    def _run_towers(self, feature_parts, label_parts, trainable, non_trainable, step, timed: bool):
+        """Runs every micro-batch on its tower; returns the results in micro-batch order and each tower's
+        wall time (first input ready -> last gradient computed), measured with in-graph timestamps."""
+        num_towers = len(self.placement.towers)
+        results, starts, ends = [], {}, {}
+        for j in range(self.num_micro_batches):
+            tower = tower_of_micro_batch(j, self.num_micro_batches, num_towers)
+            with tf.device(self.placement.towers[tower]):
+                if tower not in starts:
+                    with tf.control_dependencies([feature_parts[j]]):
+                        starts[tower] = _now() if timed else tf.constant(0.0, tf.float64)
+                with tf.control_dependencies([starts[tower]] if timed else []):
+                    state = tw.micro_batch_seeds(non_trainable, self._seed_flags, step, j, self.num_micro_batches)
+                    result = tw.run_micro_batch(self.model, trainable, state, feature_parts[j], label_parts[j])
+                results.append(result)
+                if timed:
+                    with tf.control_dependencies(result.grads):
+                        ends[tower] = _now()
+        return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
+
+    def _apply(self, results):
+        loss, correct, grads, new_state = tw.combine(results, self._seed_flags)
+        grad_norm = tf.linalg.global_norm(grads)
+        if self.clip_global_norm:
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_global_norm, use_norm=grad_norm)
+        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        for variable, value in zip(self.model.non_trainable_variables, new_state, strict=True):
+            if value is not None:
+                variable.assign(value)
+        self.global_step.assign_add(1)
+        return {
+            "loss": loss,
+            "correct": correct,
+            "learning_rate": learning_rate,
+            "grad_norm": grad_norm,
+            "gradients": grads,
+        }

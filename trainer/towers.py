@@ -1,0 +1,116 @@
+"""What one tower does with one micro-batch, and the fixed-order reductions on the parameter device.
+
+A micro-batch is run with `model.stateless_call`: the tower reads the variables' current values (copied
+from the parameter device), and returns its gradients and the new values of the non-trainable state
+(BatchNorm moving statistics) instead of assigning them. The caller combines those in micro-batch index
+order, so the result does not depend on which tower ran which micro-batch, nor on how many towers there are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+# Room for this many random draws per layer per micro-batch before two micro-batches' seeds could overlap.
+_DRAWS_PER_MICRO_BATCH = 1024
+
+
+@dataclasses.dataclass
+class MicroBatchResult:
+    """The outputs of one micro-batch (all tensors on the tower's device)."""
+
+    loss: tf.Tensor  # mean cross-entropy over the micro-batch (without regularisation)
+    correct: tf.Tensor  # number of examples whose arg-max logit is the label
+    grads: list[tf.Tensor]  # d(loss + regularisation)/d(trainable), one per trainable variable
+    non_trainable: list[tf.Tensor]  # new values of the model's non-trainable variables
+
+
+def is_seed_state(variable: keras.Variable) -> bool:
+    """True for a Keras SeedGenerator state (Dropout and other random layers draw from it)."""
+    return variable.name == "seed_generator_state"
+
+
+def micro_batch_seeds(non_trainable: list[tf.Tensor], flags: list[bool], step, index: int, count: int):
+    """Returns `non_trainable` with every seed state replaced by one keyed on (seed, step, micro-batch).
+
+    A SeedGenerator state is a pair [seed, counter]; Keras draws with stateless ops seeded by it and bumps the
+    counter. Keeping the seed and setting the counter to a function of (step, micro-batch index) gives each
+    micro-batch its own randomness, the same whichever tower runs it.
+    """
+    out = []
+    for value, seed_flag in zip(non_trainable, flags, strict=True):
+        if seed_flag:
+            counter = (tf.cast(step, value.dtype) * count + index) * _DRAWS_PER_MICRO_BATCH
+            value = tf.stack([value[0], counter])
+        out.append(value)
+    return out
+
+
+def run_micro_batch(model, trainable, non_trainable, features, labels, loss_scale=None) -> MicroBatchResult:
+    """Forward and backward pass of one micro-batch with the given variable values.
+
+    Args:
+      model: a Keras model returning logits.
+      trainable, non_trainable: values for `model.trainable_variables` / `model.non_trainable_variables`.
+      features, labels: the micro-batch; labels are int class indices.
+      loss_scale: optional scalar to multiply the loss by before differentiation (fp16); gradients are
+        divided by it again before they are returned.
+    """
+    with tf.GradientTape() as tape:
+        tape.watch(trainable)
+        logits, new_non_trainable, losses = model.stateless_call(
+            trainable, non_trainable, features, training=True, return_losses=True
+        )
+        logits = tf.cast(logits, tf.float32)
+        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        total = loss + tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else loss
+        if loss_scale is not None:
+            total = total * loss_scale
+    grads = tape.gradient(total, trainable)
+    if loss_scale is not None:
+        grads = [g / tf.cast(loss_scale, g.dtype) for g in grads]
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.int32))
+    return MicroBatchResult(loss, correct, grads, new_non_trainable)
+
+
+def ordered_sum(tensors):
+    """Sums tensors left to right: ((t0 + t1) + t2) + ...
+
+    Floating-point addition is not associative, so the order is part of the result. A fixed chain of adds
+    (never "whichever tower finishes first", never a reduce over a stacked tensor whose shape depends on
+    the number of towers) makes the sum the same for every tower count.
+    """
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + t
+    return total
+
+
+def ordered_mean(tensors):
+    """`ordered_sum` divided by the count."""
+    return ordered_sum(tensors) / tf.cast(len(tensors), tensors[0].dtype)
+
+
+def combine(results: list[MicroBatchResult], seed_flags: list[bool]):
+    """Reduces per-micro-batch results in micro-batch index order (call under the parameter device).
+
+    Returns:
+      (mean loss, total correct, mean gradients, new non-trainable values or None for seed states).
+    """
+    loss = ordered_mean([r.loss for r in results])
+    correct = ordered_sum([r.correct for r in results])
+    grads = [ordered_mean(list(g)) for g in zip(*(r.grads for r in results), strict=True)]
+    new_state = []
+    for i, seed_flag in enumerate(seed_flags):
+        values = [r.non_trainable[i] for r in results]
+        if seed_flag:
+            new_state.append(None)  # seeds are a function of the step: nothing to carry over
+        elif values[0].dtype.is_floating:
+            # BatchNorm: mean of the K updates from the same old value == one update with the mean
+            # micro-batch statistic; the same for every tower count.
+            new_state.append(ordered_mean(values))
+        else:
+            new_state.append(values[-1])
+    return loss, correct, grads, new_state
