@@ -181,7 +181,7 @@ def validate(config: RunConfig) -> RunConfig:
       ConfigError: naming the offending flag, its value, and what to change.
     """
     _validate_towers(config.towers)
-    _validate_optimizer(config.optimizer, config.loop.train_steps)
     _validate_loop(config.loop)
+    _validate_optimizer(config.optimizer, config.loop.train_steps)
     _validate_data(config.data)
     return config

@@ -66,8 +66,18 @@ class Loop:
       log: callable taking one line of text.
     """
 
-    def __init__(self, mode, config: LoopConfig, global_batch_size: int, evaluator, checkpointer, summaries,
-                 histogram_variables, histogram_tags, log=print):
+    def __init__(
+        self,
+        mode,
+        config: LoopConfig,
+        global_batch_size: int,
+        evaluator,
+        checkpointer,
+        summaries,
+        histogram_variables,
+        histogram_tags,
+        log=print,
+    ):
         self.mode = mode
         self.config = config
         self.global_batch_size = global_batch_size

@@ -80,8 +80,17 @@ def train(config: RunConfig) -> dict:
     summaries = Summaries(loop_config.model_dir)
     summaries.hparams(hparams(config))
     trainable = state.model.trainable_variables
-    loop = Loop(state.mode, loop_config, config.towers.global_batch_size, state.evaluator, state.checkpointer,
-                summaries, trainable, variable_tags(trainable), log=_log_line)
+    loop = Loop(
+        state.mode,
+        loop_config,
+        config.towers.global_batch_size,
+        state.evaluator,
+        state.checkpointer,
+        summaries,
+        trainable,
+        variable_tags(trainable),
+        log=_log_line,
+    )
     try:
         results = loop.run()
     finally:
@@ -111,16 +120,35 @@ def _build_state(config: RunConfig, placement: devices.Placement, inputs: Inputs
         optimizer = optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
         optimizer.build(model.trainable_variables)
     with tf.device(placement.host):
-        train_ds = data.make_dataset(inputs.train, batch_size=t.global_batch_size, training=True,
-                                     seed=config.seed, shuffle_buffer=config.data.shuffle_buffer)
+        train_ds = data.make_dataset(
+            inputs.train,
+            batch_size=t.global_batch_size,
+            training=True,
+            seed=config.seed,
+            shuffle_buffer=config.data.shuffle_buffer,
+        )
         iterator = iter(train_ds)
     eval_batch = config.data.eval_batch_size or t.global_batch_size
-    evaluator = Evaluator(model, placement,
-                          lambda: data.make_dataset(inputs.eval, batch_size=eval_batch, training=False))
-    mode = SyncUpdate(model, optimizer, placement, t.num_micro_batches, global_step, iterator,
-                      clip_global_norm=config.optimizer.clip_global_norm)
-    checkpointer = Checkpointer(config.loop.model_dir, config.loop.keep_checkpoints, global_step,
-                                model=model, optimizer=optimizer, iterator=iterator)
+    evaluator = Evaluator(
+        model, placement, lambda: data.make_dataset(inputs.eval, batch_size=eval_batch, training=False)
+    )
+    mode = SyncUpdate(
+        model,
+        optimizer,
+        placement,
+        t.num_micro_batches,
+        global_step,
+        iterator,
+        clip_global_norm=config.optimizer.clip_global_norm,
+    )
+    checkpointer = Checkpointer(
+        config.loop.model_dir,
+        config.loop.keep_checkpoints,
+        global_step,
+        model=model,
+        optimizer=optimizer,
+        iterator=iterator,
+    )
     return _State(model, global_step, mode, evaluator, checkpointer)
 
 

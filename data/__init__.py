@@ -1,0 +1,51 @@
+"""TFRecord input for towerflow: schemas, reader (tf.data pipeline), writer, the digits data set.
+
+The schema names import at once; the rest loads on first use (PEP 562), because importing TensorFlow takes
+seconds and `python -m data.prepare` validates its arguments before that.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
+
+if TYPE_CHECKING:
+    from data.digits import ensure_digits
+    from data.reader import inspect_records, list_files, make_dataset
+    from data.writer import write_dense_records, write_image_records
+
+_LAZY = {
+    "inspect_records": "data.reader",
+    "make_dataset": "data.reader",
+    "list_files": "data.reader",
+    "write_image_records": "data.writer",
+    "write_dense_records": "data.writer",
+    "ensure_digits": "data.digits",
+}
+
+__all__ = [
+    "DataError",
+    "DenseSchema",
+    "ImageSchema",
+    "RecordInfo",
+    "ensure_digits",
+    "inspect_records",
+    "list_files",
+    "make_dataset",
+    "write_dense_records",
+    "write_image_records",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module 'data' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,302 @@
+"""Reading TFRecords: find the files, learn the schema from the first record, build the tf.data pipeline."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from google.protobuf import message as protobuf_message
+
+from data import schema as schema_lib
+from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
+
+# Parallel interleave reads at most this many files at once; more only costs memory for read buffers.
+_MAX_CYCLE_LENGTH = 8
+# Images of one batch decoded concurrently; the loop overhead, not the decoding, limits small images.
+_DECODE_PARALLELISM = 32
+
+
+def list_files(pattern: str, *, what: str = "data") -> tuple[str, ...]:
+    """Expands a glob, or several globs separated by commas, into a sorted, deduplicated list of files.
+
+    Args:
+        pattern: e.g. "/data/train-*" or "/a/train-*,/b/train-*". Any path TensorFlow's gfile reads.
+        what: The flag the pattern came from, for error messages ("train_data" or "--train_data").
+
+    Returns:
+        The matching files, sorted.
+
+    Raises:
+        DataError: If the pattern is empty or any of its comma-separated globs matches nothing (a typo in
+            one part would otherwise silently drop part of the data).
+    """
+    flag = "--" + what.lstrip("-")
+    globs = [part.strip() for part in pattern.split(",") if part.strip()]
+    if not globs:
+        raise DataError(f"{flag} is empty; pass a file glob such as '/data/train-*'")
+    files: set[str] = set()
+    for glob in globs:
+        try:
+            matches = tf.io.gfile.glob(glob)
+        except tf.errors.NotFoundError:
+            matches = []
+        if not matches:
+            raise DataError(f"no files match {flag} pattern '{glob}'; check the path (full pattern: '{pattern}')")
+        files.update(matches)
+    return tuple(sorted(files))
+
+
+def inspect_records(pattern: str, schema: ImageSchema | DenseSchema | None = None, *, what: str = "data") -> RecordInfo:
+    """Finds the files and reads their first record to resolve the schema and the example shape.
+
+    Args:
+        pattern: File glob(s), as for `list_files`.
+        schema: The expected schema; None auto-detects it (image/encoded present -> ImageSchema(), else a
+            float_list "features" with an int64 "label" -> DenseSchema()).
+        what: The flag the pattern came from, for error messages ("train_data" or "--train_data").
+
+    Returns:
+        A RecordInfo with the resolved schema, the example shape and the files.
+
+    Raises:
+        DataError: If no file matches, the first file is empty, not a TFRecord file or corrupt, its first
+            record is not a tf.train.Example, a key of the schema is missing, or the image cannot be decoded.
+    """
+    files = list_files(pattern, what=what)
+    features = _read_first_example(files[0]).features.feature
+    if schema is None:
+        schema = _detect_schema(features, files[0])
+    _check_keys(schema, features, files[0])
+    if isinstance(schema, ImageSchema):
+        shape = _image_shape(schema, features, files[0])
+    else:
+        shape = _dense_shape(schema, features, files[0])
+    return RecordInfo(schema=schema, example_shape=shape, files=files)
+
+
+def _read_first_example(path: str) -> tf.train.Example:
+    try:
+        records = list(tf.data.TFRecordDataset(path).take(1))
+    except tf.errors.DataLossError as e:
+        raise DataError(f"{path} is not a TFRecord file or is corrupt ({e.message.strip()})") from e
+    if not records:
+        raise DataError(f"{path} holds no records; remove it from the pattern or rewrite it")
+    try:
+        return tf.train.Example.FromString(records[0].numpy())
+    except protobuf_message.DecodeError as e:
+        raise DataError(f"the first record of {path} is not a serialized tf.train.Example ({e})") from e
+
+
+def _kind(feature: tf.train.Feature) -> str | None:
+    return feature.WhichOneof("kind")
+
+
+def _describe_keys(features) -> str:
+    if not features:
+        return "no features"
+    return "keys found: " + ", ".join(f"{key} ({_kind(features[key])})" for key in sorted(features))
+
+
+def _detect_schema(features, path: str) -> ImageSchema | DenseSchema:
+    if schema_lib.IMAGE_ENCODED_KEY in features:
+        return ImageSchema()
+    dense = DenseSchema()
+    if (
+        dense.feature_key in features
+        and _kind(features[dense.feature_key]) == "float_list"
+        and dense.label_key in features
+    ):
+        return dense
+    raise DataError(
+        f"cannot tell the schema of {path}: {_describe_keys(features)}. ImageSchema needs "
+        f"'{schema_lib.IMAGE_ENCODED_KEY}' and '{schema_lib.IMAGE_LABEL_KEY}'; DenseSchema needs a float_list "
+        f"'{dense.feature_key}' and an int64 '{dense.label_key}' (or pass DenseSchema(feature_key=..., "
+        "label_key=...) for other keys)"
+    )
+
+
+def _check_keys(schema: ImageSchema | DenseSchema, features, path: str) -> None:
+    if isinstance(schema, ImageSchema):
+        required = {schema_lib.IMAGE_ENCODED_KEY: "bytes_list", schema_lib.IMAGE_LABEL_KEY: "int64_list"}
+    else:
+        required = {schema.feature_key: "float_list", schema.label_key: "int64_list"}
+    for key, kind in required.items():
+        if key not in features:
+            raise DataError(
+                f"{type(schema).__name__} key '{key}' is missing from the first record of {path}; "
+                f"{_describe_keys(features)}"
+            )
+        if _kind(features[key]) != kind:
+            raise DataError(
+                f"key '{key}' in {path} holds a {_kind(features[key])}, but {type(schema).__name__} needs a {kind}"
+            )
+
+
+def _image_shape(schema: ImageSchema, features, path: str) -> tuple[int, int, int]:
+    keys = (schema_lib.IMAGE_HEIGHT_KEY, schema_lib.IMAGE_WIDTH_KEY, schema_lib.IMAGE_CHANNELS_KEY)
+    if all(key in features and features[key].int64_list.value for key in keys):
+        height, width, channels = (int(features[key].int64_list.value[0]) for key in keys)
+    else:
+        # Not every writer stores the dimensions (they are optional in the ImageNet scripts): decode.
+        encoded = features[schema_lib.IMAGE_ENCODED_KEY].bytes_list.value[0]
+        try:
+            image = tf.io.decode_image(encoded, expand_animations=False)
+        except tf.errors.InvalidArgumentError as e:
+            raise DataError(
+                f"cannot decode '{schema_lib.IMAGE_ENCODED_KEY}' of the first record of {path} as an "
+                f"image; it must hold JPEG or PNG bytes ({e.message.strip()})"
+            ) from e
+        height, width, channels = (int(v) for v in image.shape)
+    if schema.image_size is not None:
+        height, width = schema.image_size
+    return (height, width, channels)
+
+
+def _dense_shape(schema: DenseSchema, features, path: str) -> tuple[int]:
+    size = len(features[schema.feature_key].float_list.value)
+    if size == 0:
+        raise DataError(f"feature '{schema.feature_key}' of the first record of {path} is empty")
+    return (size,)
+
+
+def make_dataset(
+    info: RecordInfo,
+    *,
+    batch_size: int,
+    training: bool,
+    seed: int = 0,
+    worker_index: int = 0,
+    num_workers: int = 1,
+    shuffle_buffer: int = 10_000,
+    drop_remainder: bool | None = None,
+) -> tf.data.Dataset:
+    """Builds the input pipeline: (features float32 [B, *example_shape], labels int32 [B]) batches.
+
+    Training: this worker's files (files[worker_index::num_workers]) in a seeded random order, read in
+    parallel but deterministically, records shuffled with `seed`, repeated forever, full batches only.
+    Eval: this worker's files in order, each record once, no shuffle, last batch may be short. With fewer
+    files than workers, every eval worker reads all files and keeps every num_workers-th record.
+    The shuffle buffer holds serialized records, so its memory and checkpoint size are those of the files.
+    The pipeline is deterministic and checkpointable with `tf.train.Checkpoint(iterator=iter(ds))`.
+
+    Args:
+        info: From `inspect_records`.
+        batch_size: Examples per batch (the global batch for this worker).
+        training: Selects the training or the eval pipeline (see above).
+        seed: Seed of the file-order and record shuffles.
+        worker_index: This worker's index in [0, num_workers).
+        num_workers: Number of workers the files are split between.
+        shuffle_buffer: Records in the shuffle buffer (training only). The buffer is saved in checkpoints.
+        drop_remainder: Whether to drop a short last batch; None means True for training, False for eval.
+
+    Returns:
+        The tf.data.Dataset.
+
+    Raises:
+        DataError: For a bad argument, or (training) fewer files than workers.
+    """
+    _check_dataset_args(batch_size, worker_index, num_workers, shuffle_buffer)
+    if training:
+        records = _training_records(info.files, seed, worker_index, num_workers, shuffle_buffer)
+    else:
+        records = _eval_records(info.files, worker_index, num_workers)
+    drop = training if drop_remainder is None else drop_remainder
+    if isinstance(info.schema, ImageSchema):
+        parse = _image_parser(info.schema, info.example_shape)
+    else:
+        parse = _dense_parser(info.schema, info.example_shape)
+    # Parse whole batches: one vectorized parse op per batch instead of one per example. Per-element
+    # tf.data overhead dominates small images: this reads the 8x8 digits ~1.5x faster on 2 cores.
+    dataset = records.batch(batch_size, drop_remainder=drop)
+    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _check_dataset_args(batch_size: int, worker_index: int, num_workers: int, shuffle_buffer: int) -> None:
+    if batch_size < 1:
+        raise DataError(f"batch_size ({batch_size}) must be >= 1")
+    if num_workers < 1:
+        raise DataError(f"num_workers ({num_workers}) must be >= 1")
+    if not 0 <= worker_index < num_workers:
+        raise DataError(f"worker_index ({worker_index}) must be in [0, num_workers={num_workers})")
+    if shuffle_buffer < 1:
+        raise DataError(f"shuffle_buffer ({shuffle_buffer}) must be >= 1")
+
+
+def _training_records(
+    files: tuple[str, ...], seed: int, worker_index: int, num_workers: int, shuffle_buffer: int
+) -> tf.data.Dataset:
+    if len(files) < num_workers:
+        raise DataError(
+            f"{len(files)} file(s) match but training has {num_workers} workers, and each worker reads its own "
+            f"files; write the data in at least {num_workers} shards (data.prepare --num_shards) or use "
+            f"fewer workers. Files: {', '.join(files)}"
+        )
+    own_files = list(files[worker_index::num_workers])
+    filenames = tf.data.Dataset.from_tensor_slices(own_files)
+    filenames = filenames.shuffle(len(own_files), seed=seed, reshuffle_each_iteration=True)
+    records = filenames.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(own_files), _MAX_CYCLE_LENGTH),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    # Shuffle the serialized records, not the decoded float tensors: the buffer (kept in memory and in
+    # every checkpoint) is then as small as the files, e.g. ~100 KB per ImageNet JPEG instead of 600 KB.
+    records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return records.repeat()
+
+
+def _eval_records(files: tuple[str, ...], worker_index: int, num_workers: int) -> tf.data.Dataset:
+    if len(files) >= num_workers:
+        return tf.data.TFRecordDataset(list(files[worker_index::num_workers]))
+    # Too few files to give each worker its own: every worker reads all files and keeps every
+    # num_workers-th record. Slower, but eval must see each example exactly once whatever the sharding.
+    return tf.data.TFRecordDataset(list(files)).shard(num_workers, worker_index)
+
+
+def _image_parser(schema: ImageSchema, shape: tuple[int, ...]):
+    height, width, channels = shape
+    spec = {
+        schema_lib.IMAGE_ENCODED_KEY: tf.io.FixedLenFeature([], tf.string),
+        schema_lib.IMAGE_LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
+    }
+    mismatch = (
+        f"an image is not {height}x{width}x{channels} like the first record; pass --image_size=H,W "
+        "(ImageSchema.image_size) to resize every image to one size"
+    )
+
+    def decode(encoded: tf.Tensor) -> tf.Tensor:
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        if schema.image_size is not None:
+            return tf.image.resize(image, schema.image_size, method="bilinear")
+        check = tf.debugging.assert_equal(tf.shape(image)[:2], [height, width], message=mismatch)
+        with tf.control_dependencies([check]):
+            return tf.cast(tf.ensure_shape(image, shape), tf.float32)
+
+    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        example = tf.io.parse_example(serialized, spec)
+        images = tf.map_fn(
+            decode,
+            example[schema_lib.IMAGE_ENCODED_KEY],
+            fn_output_signature=tf.TensorSpec(shape, tf.float32),
+            parallel_iterations=_DECODE_PARALLELISM,
+        )
+        label = tf.cast(example[schema_lib.IMAGE_LABEL_KEY] - schema.label_offset, tf.int32)
+        return images / 255.0, label
+
+    return parse
+
+
+def _dense_parser(schema: DenseSchema, shape: tuple[int, ...]):
+    spec = {
+        schema.feature_key: tf.io.FixedLenFeature(list(shape), tf.float32),
+        schema.label_key: tf.io.FixedLenFeature([], tf.int64),
+    }
+
+    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        example = tf.io.parse_example(serialized, spec)
+        label = tf.cast(example[schema.label_key] - schema.label_offset, tf.int32)
+        return example[schema.feature_key], label
+
+    return parse

@@ -1,0 +1,60 @@
+"""Shared test setup: 4 logical CPU devices stand in for GPUs, and a per-session digits cache.
+
+Logical devices can only be configured before TensorFlow initialises its devices, so this happens once,
+when pytest loads this file, before any test module runs an op.
+"""
+
+import dataclasses
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import pytest  # noqa: E402
+
+NUM_LOGICAL_DEVICES = 4
+
+
+def pytest_configure(config):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_DEVICES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def digits_cache(tmp_path_factory):
+    """One digits cache per test session, never the user's ~/.cache."""
+    path = tmp_path_factory.mktemp("cache")
+    previous = os.environ.get("TOWERFLOW_CACHE")
+    os.environ["TOWERFLOW_CACHE"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("TOWERFLOW_CACHE", None)
+    else:
+        os.environ["TOWERFLOW_CACHE"] = previous
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    """Returns a factory of small, fast RunConfigs on logical CPU towers; keyword groups override fields."""
+    from trainer import config as cfg
+
+    def make(model_dir=None, seed=0, deterministic=True, **groups):
+        base = cfg.RunConfig(
+            towers=cfg.TowerConfig(num_towers=2, device="cpu", parameter_device="cpu", global_batch_size=64),
+            loop=cfg.LoopConfig(
+                model_dir=str(model_dir or tmp_path / "run"),
+                train_steps=20,
+                log_every_steps=10,
+                eval_every_steps=0,
+                checkpoint_every_steps=0,
+                histogram_every_steps=0,
+                export=False,
+            ),
+            seed=seed,
+            deterministic=deterministic,
+        )
+        replaced = {name: dataclasses.replace(getattr(base, name), **values) for name, values in groups.items()}
+        return dataclasses.replace(base, **replaced)
+
+    return make

@@ -1,0 +1,82 @@
+"""Flag validation: bad input fails before TensorFlow starts, with a message naming the flag."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainer import config as cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _towers(**kw):
+    return cfg.RunConfig(towers=cfg.TowerConfig(**kw))
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (_towers(num_towers=0), "--num_gpus (0) must be at least 1"),
+        (_towers(num_towers=4, micro_batches=6), "--micro_batches (6) must be a multiple of --num_gpus (4)"),
+        (_towers(global_batch_size=100, micro_batches=3), "--global_batch_size (100) must be divisible by"),
+        (_towers(device="tpu"), "--device ('tpu') must be one of"),
+        (cfg.RunConfig(optimizer=cfg.OptimizerConfig(name="rmsprop")), "--optimizer ('rmsprop')"),
+        (cfg.RunConfig(optimizer=cfg.OptimizerConfig(learning_rate=0)), "--learning_rate (0) must be positive"),
+        (
+            cfg.RunConfig(optimizer=cfg.OptimizerConfig(schedule="piecewise", boundaries=(10,), values=(0.1,))),
+            "--lr_values needs one more value than --lr_boundaries",
+        ),
+        (cfg.RunConfig(optimizer=cfg.OptimizerConfig(warmup_steps=5000)), "--warmup_steps (5000)"),
+        (cfg.RunConfig(data=cfg.DataConfig(train_data="x/*")), "--num_classes (0) must be given"),
+        (cfg.RunConfig(data=cfg.DataConfig(train_data="x/*", num_classes=3)), "--eval_data must be given"),
+        (cfg.RunConfig(data=cfg.DataConfig(eval_data="x/*")), "--eval_data needs --train_data"),
+        (cfg.RunConfig(loop=cfg.LoopConfig(train_steps=0)), "--train_steps (0) must be at least 1"),
+        (cfg.RunConfig(loop=cfg.LoopConfig(eval_every_steps=-1)), "--eval_every_steps (-1) must be >= 0"),
+    ],
+)
+def test_validate_names_the_flag(config, message):
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.validate(config)
+    assert message in str(info.value)
+
+
+def test_micro_batch_defaults_to_one_per_tower():
+    towers = cfg.TowerConfig(num_towers=4, global_batch_size=128)
+    assert (towers.num_micro_batches, towers.micro_batch_size) == (4, 32)
+    towers = cfg.TowerConfig(num_towers=2, global_batch_size=128, micro_batches=8)
+    assert (towers.num_micro_batches, towers.micro_batch_size) == (8, 16)
+
+
+def _cli(*args, timeout=120):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_cli_rejects_bad_flags_before_importing_tensorflow():
+    result = _cli("--global_batch_size=100", "--micro_batches=3", timeout=20)
+    assert result.returncode == 2
+    assert "--global_batch_size (100) must be divisible by --micro_batches (3)" in result.stderr
+    assert "tensorflow" not in result.stderr.lower()
+
+
+def test_cli_gpu_towers_without_gpus_fail_and_name_device_cpu(tmp_path):
+    result = _cli("--num_gpus=2", f"--model_dir={tmp_path}")
+    assert result.returncode == 2
+    assert "TensorFlow sees 0 GPU(s)" in result.stderr
+    assert "--device=cpu" in result.stderr
+
+
+def test_helpfull_documents_every_public_flag():
+    result = _cli("--helpfull", timeout=30)
+    public = (
+        "num_gpus device parameter_device model train_data eval_data num_classes label_offset global_batch_size "
+        "micro_batches train_steps update_mode optimizer learning_rate model_dir seed deterministic "
+        "log_every_steps histogram_every_steps checkpoint_every_steps eval_every_steps"
+    )
+    for name in public.split():
+        assert f"--{name}:" in result.stdout or f"--[no]{name}:" in result.stdout, name
+    assert "(default: '128')" in result.stdout  # defaults are shown

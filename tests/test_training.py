@@ -1,0 +1,182 @@
+"""Training end to end on logical CPU towers: accuracy, outputs in model_dir, events, resume, user data."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+import data
+from trainer.run import train
+
+
+def _events(directory) -> event_accumulator.EventAccumulator:
+    acc = event_accumulator.EventAccumulator(str(directory), size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    return acc
+
+
+def test_digits_reach_95_percent_and_leave_every_output(make_config, tmp_path):
+    config = make_config(
+        deterministic=False,
+        towers={"num_towers": 2, "global_batch_size": 128},
+        loop={
+            "train_steps": 300,
+            "log_every_steps": 100,
+            "eval_every_steps": 150,
+            "checkpoint_every_steps": 150,
+            "histogram_every_steps": 100,
+            "export": True,
+        },
+    )
+    metrics = train(config)
+    run = tmp_path / "run"
+    assert metrics["eval_accuracy"] >= 0.95
+    assert metrics["eval_examples"] == 360
+    on_disk = json.loads((run / "metrics.json").read_text())
+    for key in (
+        "global_step",
+        "train_loss",
+        "eval_loss",
+        "eval_accuracy",
+        "examples_per_sec",
+        "num_towers",
+        "micro_batches",
+        "weights_sha256",
+    ):
+        assert (
+            on_disk[key] == pytest.approx(metrics[key])
+            if isinstance(metrics[key], float)
+            else on_disk[key] == metrics[key]
+        )
+    assert (on_disk["global_step"], on_disk["num_towers"], on_disk["micro_batches"]) == (300, 2, 2)
+    assert len(on_disk["weights_sha256"]) == 64 and on_disk["examples_per_sec"] > 0
+    assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-300")
+    exported = tf.saved_model.load(str(run / "export"))
+    images, labels = next(
+        iter(data.make_dataset(data.inspect_records(data.ensure_digits()[1]), batch_size=360, training=False))
+    )
+    exported_accuracy = np.mean(np.argmax(exported.serve(images).numpy(), axis=-1) == labels.numpy())
+    assert exported_accuracy == pytest.approx(metrics["eval_accuracy"])
+
+
+def test_event_files_hold_scalars_histograms_and_hparams(make_config, tmp_path):
+    train(
+        make_config(loop={"train_steps": 10, "log_every_steps": 5, "histogram_every_steps": 5, "eval_every_steps": 10})
+    )
+    train_events = _events(tmp_path / "run" / "train")
+    tags = set(train_events.Tags()["tensors"])
+    for scalar in (
+        "loss",
+        "accuracy",
+        "learning_rate",
+        "grad_global_norm",
+        "examples_per_sec",
+        "tower_step_sec/tower_0",
+        "tower_step_sec/tower_1",
+    ):
+        assert scalar in tags
+    assert [e.step for e in train_events.Tensors("loss")] == [5, 10]
+    # Stable tags: index + path without Keras's counters; one gradient and one weight histogram per variable.
+    assert "gradients/000_conv1/kernel" in tags and "weights/000_conv1/kernel" in tags
+    assert (
+        sum(t.startswith("gradients/") for t in tags) == 10
+    )  # cnn: 2 conv kernels, 2 BN (gamma, beta), 2 dense (kernel, bias)
+    assert [e.step for e in train_events.Tensors("gradients/000_conv1/kernel")] == [5, 10]
+    assert "_hparams_/session_start_info" in tags
+    eval_events = _events(tmp_path / "run" / "eval")
+    assert [e.step for e in eval_events.Tensors("accuracy")] == [10]
+
+
+def test_rerun_resumes_and_continues_the_step_count(make_config, tmp_path):
+    first = train(make_config(loop={"train_steps": 10, "checkpoint_every_steps": 5}))
+    assert first["global_step"] == 10
+    second = train(make_config(loop={"train_steps": 16, "checkpoint_every_steps": 5}))
+    assert second["global_step"] == 16
+    checkpoints = tf.train.get_checkpoint_state(str(tmp_path / "run")).all_model_checkpoint_paths
+    assert [os.path.basename(p) for p in checkpoints] == ["ckpt-10", "ckpt-15", "ckpt-16"]  # keep 3
+
+
+def test_resume_with_another_model_fails_clearly(make_config, tmp_path):
+    train(make_config(loop={"train_steps": 2}))
+    with pytest.raises(RuntimeError, match="cannot resume from .*ckpt-2.*flags.txt"):
+        train(make_config(model={"name": "mlp"}, loop={"train_steps": 4}))
+
+
+def _foreign_image_records(directory, num_examples, rng):
+    """Records as another program writes them: JPEG bytes and a 1-based label, no height/width/channels."""
+    path = os.path.join(directory, "foreign.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(num_examples):
+            label = i % 3
+            image = np.full((12, 12, 3), 40 + 80 * label, np.uint8) + rng.integers(0, 20, (12, 12, 3), dtype=np.uint8)
+            feature = {
+                "image/encoded": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[tf.io.encode_jpeg(image).numpy()])
+                ),
+                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label + 1])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return path
+
+
+def test_foreign_image_records_with_label_offset_train(make_config, tmp_path):
+    path = _foreign_image_records(tmp_path, 96, np.random.default_rng(0))
+    metrics = train(
+        make_config(
+            model={"name": "mlp"},
+            data={"train_data": path, "eval_data": path, "num_classes": 3, "label_offset": 1},
+            towers={"num_towers": 2, "global_batch_size": 32},
+            optimizer={"schedule": "constant"},
+            loop={"train_steps": 30},
+        )
+    )
+    assert metrics["eval_examples"] == 96
+    assert metrics["eval_accuracy"] == 1.0  # three well-separated brightness classes
+
+
+def test_dense_records_train(make_config, tmp_path):
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 256)
+    features = (rng.normal(size=(256, 6)) + labels[:, None] * 2.0).astype(np.float32)
+    files = data.write_dense_records(str(tmp_path / "tabular"), features, labels, num_shards=2)
+    metrics = train(
+        make_config(
+            model={"name": "mlp"},
+            data={"train_data": ",".join(files), "eval_data": files[0], "num_classes": 2},
+            towers={"num_towers": 2, "global_batch_size": 32},
+            loop={"train_steps": 40},
+        )
+    )
+    assert metrics["eval_examples"] == 128 and metrics["eval_accuracy"] >= 0.9
+
+
+def test_unreadable_records_raise_data_error(make_config, tmp_path):
+    junk = tmp_path / "junk.tfrecord"
+    junk.write_bytes(b"this is not a TFRecord file at all")
+    with pytest.raises(data.DataError, match="junk.tfrecord"):
+        train(make_config(data={"train_data": str(junk), "eval_data": str(junk), "num_classes": 2}))
+    with pytest.raises(data.DataError, match="no files match"):
+        train(make_config(data={"train_data": str(tmp_path / "none-*"), "eval_data": str(junk), "num_classes": 2}))
+
+
+@pytest.mark.parametrize("optimizer, schedule", [("sgd", "constant"), ("adamw", "cosine"), ("momentum", "piecewise")])
+def test_optimizers_and_schedules_learn(make_config, optimizer, schedule):
+    extra = {"boundaries": (10,), "values": (0.05, 0.01)} if schedule == "piecewise" else {}
+    lr = 0.003 if optimizer == "adamw" else 0.05
+    metrics = train(
+        make_config(
+            optimizer={
+                "name": optimizer,
+                "schedule": schedule,
+                "learning_rate": lr,
+                "warmup_steps": 0,
+                "clip_global_norm": 5.0,
+                **extra,
+            },
+            loop={"train_steps": 20, "eval_every_steps": 0},
+        )
+    )
+    assert metrics["eval_accuracy"] >= 0.6  # chance is 0.1; 20 steps of 64 examples

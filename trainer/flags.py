@@ -1,0 +1,195 @@
+"""Command-line flags of `python -m trainer`, and their conversion into a `RunConfig`.
+
+Flag names are the public interface; every help text gives the unit and what 0 means where it matters.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from trainer import config as cfg
+
+
+def define_flags() -> None:
+    """Defines every flag on absl's global FLAGS (idempotent per process through absl's registry)."""
+    _define_tower_flags()
+    _define_data_flags()
+    _define_optimizer_flags()
+    _define_loop_flags()
+
+
+def _define_tower_flags() -> None:
+    flags.DEFINE_integer("num_gpus", 1, "Number of towers: one per device (GPU, or logical CPU with --device=cpu).")
+    flags.DEFINE_enum(
+        "device",
+        "gpu",
+        list(cfg.DEVICE_KINDS),
+        "Tower device kind. gpu: /gpu:0..N-1, exits at once if fewer GPUs are visible. "
+        "cpu: N logical CPU devices (the same code path, for machines without GPUs).",
+    )
+    flags.DEFINE_enum(
+        "parameter_device",
+        "gpu",
+        list(cfg.PARAMETER_DEVICES),
+        "Where the single copy of the variables and optimizer slots lives. gpu: the first tower's "
+        "device (/cpu:0 with --device=cpu). cpu: the host.",
+    )
+    flags.DEFINE_string(
+        "model",
+        "cnn",
+        "Built-in model (mlp, cnn, resnet20, resnet50) or 'package.module:function' "
+        "returning a Keras model for (input_shape, num_classes).",
+    )
+    flags.DEFINE_integer("global_batch_size", 128, "Examples per step, over all towers (split into micro-batches).")
+    flags.DEFINE_integer(
+        "micro_batches",
+        0,
+        "K micro-batches per step, a multiple of --num_gpus dividing the batch; "
+        "0: one per tower. Fix K to make results independent of --num_gpus.",
+    )
+    flags.DEFINE_enum(
+        "update_mode",
+        "sync",
+        list(cfg.UPDATE_MODES),
+        "sync: the K gradients are averaged in a fixed order, then one update per step.",
+    )
+    flags.DEFINE_integer("seed", 0, "Seed of weight init, data shuffle and Dropout.")
+    flags.DEFINE_bool(
+        "deterministic",
+        False,
+        "Bitwise reproducible training (sync mode): the same weights on a "
+        "rerun, for every --num_gpus dividing --micro_batches, and after resume. Costs some speed.",
+    )
+
+
+def _define_data_flags() -> None:
+    flags.DEFINE_string(
+        "train_data",
+        "",
+        "Glob(s), comma-separated, of training TFRecords. Empty: the built-in "
+        "scikit-learn digits (built once into ~/.cache/towerflow or $TOWERFLOW_CACHE).",
+    )
+    flags.DEFINE_string("eval_data", "", "Glob(s) of held-out TFRecords; required with --train_data.")
+    flags.DEFINE_enum(
+        "record_schema",
+        "auto",
+        list(cfg.RECORD_SCHEMAS),
+        "image: ImageNet-script keys (image/encoded, image/class/label). dense: a float vector "
+        "(--feature_key) and an int64 label (--label_key). auto: decided by the first record.",
+    )
+    flags.DEFINE_integer("num_classes", 0, "Number of classes; required with --train_data (10 for digits).")
+    flags.DEFINE_integer("label_offset", 0, "Subtracted from every label (1 for ImageNet, whose labels start at 1).")
+    flags.DEFINE_list("image_size", None, "H,W to resize every image to; needed when images differ in size.")
+    flags.DEFINE_string("feature_key", "features", "Dense records: key of the float feature vector.")
+    flags.DEFINE_string("label_key", "label", "Dense records: key of the int64 label.")
+    flags.DEFINE_integer("shuffle_buffer", 10_000, "Records in the shuffle buffer (saved in every checkpoint).")
+    flags.DEFINE_integer("eval_batch_size", 0, "Examples per eval batch; 0: --global_batch_size.")
+
+
+def _define_optimizer_flags() -> None:
+    flags.DEFINE_enum("optimizer", "momentum", list(cfg.OPTIMIZERS), "Optimizer (momentum: SGD with --momentum).")
+    flags.DEFINE_float("learning_rate", 0.05, "Peak learning rate (after warmup).")
+    flags.DEFINE_float("momentum", 0.9, "Momentum of --optimizer=momentum.")
+    flags.DEFINE_float("weight_decay", 1e-4, "Decoupled weight decay of --optimizer=adamw.")
+    flags.DEFINE_enum(
+        "lr_schedule",
+        "cosine",
+        list(cfg.SCHEDULES),
+        "cosine: linear warmup then cosine decay to 0 at --train_steps. piecewise: --lr_values "
+        "between --lr_boundaries. constant: warmup then --learning_rate.",
+    )
+    flags.DEFINE_integer("warmup_steps", 0, "Steps of linear warmup from 0 (cosine and constant schedules).")
+    flags.DEFINE_list("lr_boundaries", [], "Piecewise schedule: step boundaries, increasing.")
+    flags.DEFINE_list("lr_values", [], "Piecewise schedule: learning rates, one more than boundaries.")
+    flags.DEFINE_float("clip_global_norm", 0.0, "Clip the averaged gradient to this global norm; 0: no clipping.")
+
+
+def _define_loop_flags() -> None:
+    flags.DEFINE_string(
+        "model_dir",
+        "/tmp/towerflow",
+        "Checkpoints, events, metrics.json, flags.txt, export/. "
+        "A rerun with the same directory resumes from its newest checkpoint.",
+    )
+    flags.DEFINE_integer("train_steps", 1000, "Total optimizer steps (global batches), counting resumed ones.")
+    flags.DEFINE_integer("log_every_steps", 100, "Steps between log lines and train scalars; 0: off.")
+    flags.DEFINE_integer("eval_every_steps", 500, "Steps between evaluations (also one at the end); 0: end only.")
+    flags.DEFINE_integer("checkpoint_every_steps", 500, "Steps between checkpoints (also one at the end); 0: end only.")
+    flags.DEFINE_integer(
+        "histogram_every_steps",
+        100,
+        "Steps between gradient and weight histograms; 0: off. Each one costs about one extra step time.",
+    )
+    flags.DEFINE_integer("keep_checkpoints", 3, "Newest checkpoints kept.")
+    flags.DEFINE_bool("export", True, "Export a SavedModel to model_dir/export at the end.")
+
+
+def _ints(values, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in values or ())
+    except ValueError as e:
+        raise cfg.ConfigError(f"--{name} ({','.join(values)}) must be comma-separated integers") from e
+
+
+def _floats(values, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in values or ())
+    except ValueError as e:
+        raise cfg.ConfigError(f"--{name} ({','.join(values)}) must be comma-separated numbers") from e
+
+
+def config_from_flags(f) -> cfg.RunConfig:
+    """Converts parsed flags into a validated `RunConfig`.
+
+    Raises:
+      ConfigError: a value is out of range or inconsistent with another.
+    """
+    image_size = _ints(f.image_size, "image_size") if f.image_size else None
+    config = cfg.RunConfig(
+        data=cfg.DataConfig(
+            f.train_data,
+            f.eval_data,
+            f.record_schema,
+            f.num_classes,
+            f.label_offset,
+            image_size,
+            f.feature_key,
+            f.label_key,
+            f.shuffle_buffer,
+            f.eval_batch_size,
+        ),
+        model=cfg.ModelConfig(f.model),
+        optimizer=cfg.OptimizerConfig(
+            f.optimizer,
+            f.learning_rate,
+            f.momentum,
+            f.weight_decay,
+            f.lr_schedule,
+            f.warmup_steps,
+            _ints(f.lr_boundaries, "lr_boundaries"),
+            _floats(f.lr_values, "lr_values"),
+            f.clip_global_norm,
+        ),
+        towers=cfg.TowerConfig(
+            f.num_gpus, f.device, f.parameter_device, f.global_batch_size, f.micro_batches, f.update_mode
+        ),
+        loop=cfg.LoopConfig(
+            f.model_dir,
+            f.train_steps,
+            f.log_every_steps,
+            f.eval_every_steps,
+            f.checkpoint_every_steps,
+            f.histogram_every_steps,
+            f.keep_checkpoints,
+            f.export,
+        ),
+        seed=f.seed,
+        deterministic=f.deterministic,
+    )
+    return cfg.validate(config)
+
+
+def flagfile_text(f, module_name: str) -> str:
+    """An absl flagfile with every towerflow flag's value, so `--flagfile=` reproduces the run."""
+    lines = [flag.serialize() for flag in sorted(f.get_flags_for_module(module_name), key=lambda x: x.name)]
+    return "\n".join(line for line in lines if line) + "\n"
