@@ -15,6 +15,7 @@ UPDATE_MODES = ("sync",)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")
 RECORD_SCHEMAS = ("auto", "image", "dense")
+MIXED_PRECISION = ("", "bf16", "fp16")
 
 
 class ConfigError(ValueError):
@@ -65,6 +66,8 @@ class TowerConfig:
     global_batch_size: int = 128
     micro_batches: int = 0  # 0: one per tower
     update_mode: str = "sync"
+    jit_compile: bool = False  # XLA-compile the step
+    mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
 
     @property
     def num_micro_batches(self) -> int:
@@ -112,6 +115,10 @@ def _validate_towers(t: TowerConfig) -> None:
         f"--parameter_device ({t.parameter_device!r}) must be one of {PARAMETER_DEVICES}",
     )
     _require(t.update_mode in UPDATE_MODES, f"--update_mode ({t.update_mode!r}) must be one of {UPDATE_MODES}")
+    _require(
+        t.mixed_precision in MIXED_PRECISION,
+        f"--mixed_precision ({t.mixed_precision!r}) must be one of {MIXED_PRECISION[1:]} or empty",
+    )
     _require(t.global_batch_size >= 1, f"--global_batch_size ({t.global_batch_size}) must be at least 1")
     k = t.num_micro_batches
     _require(k >= 1, f"--micro_batches ({t.micro_batches}) must be at least 1 (or 0 for one per tower)")

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 
+import keras
 import tensorflow as tf
 
 import data
@@ -65,15 +66,12 @@ def _schema(config: DataConfig):
 
 def train(config: RunConfig) -> dict:
     """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`."""
-    validate(config)
     loop_config = config.loop
+    validate(config)
     os.makedirs(loop_config.model_dir, exist_ok=True)
     if config.flags_text:
         report.write_text(os.path.join(loop_config.model_dir, "flags.txt"), config.flags_text)
-    placement = devices.resolve(config.towers)
-    determinism.configure(config.seed, config.deterministic)
-    inputs = resolve_inputs(config.data)
-    state = _build_state(config, placement, inputs)
+    state = build(config)
     restored = state.checkpointer.restore_latest()
     if restored:
         log.info("resumed from %s at step %d", restored, int(state.global_step.numpy()))
@@ -103,31 +101,55 @@ def train(config: RunConfig) -> dict:
 
 
 @dataclasses.dataclass
-class _State:
-    model: object
+class Trainer:
+    """Everything a run is made of, built and ready to step (see `build`)."""
+
+    config: RunConfig
+    placement: devices.Placement
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
     global_step: tf.Variable
+    iterator: object
     mode: SyncUpdate
     evaluator: Evaluator
     checkpointer: Checkpointer
 
 
-def _build_state(config: RunConfig, placement: devices.Placement, inputs: Inputs) -> _State:
-    """Model, optimizer and step on the parameter device; the input iterator on the host."""
+def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Trainer:
+    """Validates `config` and builds devices, data, model, optimizer and update mode, without training.
+
+    Args:
+      config: the run.
+      train_dataset: replaces the TFRecord training input (e.g. the same data held in memory, for
+        benchmarks); it must yield global batches of the records' shape.
+
+    Raises:
+      ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
+        what to change.
+    """
+    validate(config)
+    placement = devices.resolve(config.towers)
+    determinism.configure(config.seed, config.deterministic)
+    inputs = resolve_inputs(config.data)
     t = config.towers
+    _set_precision(t.mixed_precision)
     with tf.device(placement.parameter_device):
         model = models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
+        if t.mixed_precision == "fp16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
     with tf.device(placement.host):
-        train_ds = data.make_dataset(
-            inputs.train,
-            batch_size=t.global_batch_size,
-            training=True,
-            seed=config.seed,
-            shuffle_buffer=config.data.shuffle_buffer,
-        )
-        iterator = iter(train_ds)
+        if train_dataset is None:
+            train_dataset = data.make_dataset(
+                inputs.train,
+                batch_size=t.global_batch_size,
+                training=True,
+                seed=config.seed,
+                shuffle_buffer=config.data.shuffle_buffer,
+            )
+        iterator = iter(train_dataset)
     eval_batch = config.data.eval_batch_size or t.global_batch_size
     evaluator = Evaluator(
         model, placement, lambda: data.make_dataset(inputs.eval, batch_size=eval_batch, training=False)
@@ -140,6 +162,7 @@ def _build_state(config: RunConfig, placement: devices.Placement, inputs: Inputs
         global_step,
         iterator,
         clip_global_norm=config.optimizer.clip_global_norm,
+        jit_compile=t.jit_compile,
     )
     checkpointer = Checkpointer(
         config.loop.model_dir,
@@ -149,10 +172,19 @@ def _build_state(config: RunConfig, placement: devices.Placement, inputs: Inputs
         optimizer=optimizer,
         iterator=iterator,
     )
-    return _State(model, global_step, mode, evaluator, checkpointer)
+    return Trainer(config, placement, model, optimizer, global_step, iterator, mode, evaluator, checkpointer)
 
 
-def _final_metrics(config: RunConfig, state: _State, loop: Loop, results: dict) -> dict:
+_POLICIES = {"": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def _set_precision(mixed_precision: str) -> None:
+    """Sets Keras's global dtype policy for the model about to be built (compute in bf16/fp16, variables in
+    float32). The policy is process-wide, so every run sets it, float32 included."""
+    keras.mixed_precision.set_global_policy(_POLICIES[mixed_precision])
+
+
+def _final_metrics(config: RunConfig, state: Trainer, loop: Loop, results: dict) -> dict:
     t = config.towers
     metrics = {
         "global_step": results["global_step"],

@@ -32,7 +32,10 @@ class SyncUpdate:
       global_step: int64 `tf.Variable` on the parameter device; +1 per update.
       iterator: yields (features, labels) global batches.
       clip_global_norm: clip the averaged gradient to this global norm; 0 turns clipping off.
-      jit_compile: compile the step with XLA.
+      jit_compile: XLA-compile each tower's forward and backward pass.
+
+    With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
+    unscales, skipping the update and halving the scale when a gradient is not finite.
     """
 
     def __init__(
@@ -55,7 +58,8 @@ class SyncUpdate:
         self.clip_global_norm = clip_global_norm
         self.global_batch_size = int(iterator.element_spec[1].shape[0])
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
-        self._step_fn = tf.function(self._step, jit_compile=jit_compile)
+        self._micro_batch = tw.micro_batch_fn(model, jit_compile)
+        self._step_fn = tf.function(self._step)
 
     def train_steps(self, num_steps: int, want_gradients: bool = False) -> dict:
         """Runs `num_steps` updates. Returns tensors: the mean loss and accuracy over them, and the last
@@ -81,18 +85,27 @@ class SyncUpdate:
             label_parts = tf.split(labels, self.num_micro_batches)
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
-            trainable = [v.value for v in self.model.trainable_variables]
-            non_trainable = [v.value for v in self.model.non_trainable_variables]
-        results, tower_sec = self._run_towers(feature_parts, label_parts, trainable, non_trainable, step, report)
+            # identity: a bare read is forwarded into function calls as the variable itself, which an XLA
+            # cluster on another tower's device may not touch; a tensor copied to the tower is what it needs.
+            trainable = [tf.identity(v.value) for v in self.model.trainable_variables]
+            non_trainable = [tf.identity(v.value) for v in self.model.non_trainable_variables]
+            loss_scale = self._loss_scale()
+        results, tower_sec = self._run_towers(
+            feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
+        )
         with tf.device(placement.parameter_device):
-            metrics = self._apply(results)
+            metrics = self._apply(results, loss_scale)
         if report:
             metrics["tower_step_sec"] = tf.stack(tower_sec)
         if not want_gradients:
             metrics.pop("gradients")
         return metrics
 
-    def _run_towers(self, feature_parts, label_parts, trainable, non_trainable, step, timed: bool):
+    def _loss_scale(self):
+        scale = getattr(self.optimizer, "dynamic_scale", None)
+        return None if scale is None else tf.identity(scale.value)
+
+    def _run_towers(self, feature_parts, label_parts, trainable, non_trainable, step, timed: bool, loss_scale):
         """Runs every micro-batch on its tower; returns the results in micro-batch order and each tower's
         wall time (first input ready -> last gradient computed), measured with in-graph timestamps."""
         num_towers = len(self.placement.towers)
@@ -105,18 +118,22 @@ class SyncUpdate:
                         starts[tower] = _now() if timed else tf.constant(0.0, tf.float64)
                 with tf.control_dependencies([starts[tower]] if timed else []):
                     state = tw.micro_batch_seeds(non_trainable, self._seed_flags, step, j, self.num_micro_batches)
-                    result = tw.run_micro_batch(self.model, trainable, state, feature_parts[j], label_parts[j])
+                    result = self._micro_batch(trainable, state, feature_parts[j], label_parts[j], loss_scale)
                 results.append(result)
                 if timed:
                     with tf.control_dependencies(result.grads):
                         ends[tower] = _now()
         return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
-    def _apply(self, results):
+    def _apply(self, results, loss_scale):
         loss, correct, grads, new_state = tw.combine(results, self._seed_flags)
         grad_norm = tf.linalg.global_norm(grads)
+        if loss_scale is not None:
+            grad_norm = grad_norm / tf.cast(loss_scale, grad_norm.dtype)
         if self.clip_global_norm:
-            grads, _ = tf.clip_by_global_norm(grads, self.clip_global_norm, use_norm=grad_norm)
+            # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
+            scale = 1.0 if loss_scale is None else tf.cast(loss_scale, grad_norm.dtype)
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_global_norm * scale, use_norm=grad_norm * scale)
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
         for variable, value in zip(self.model.non_trainable_variables, new_state, strict=True):

@@ -9,6 +9,7 @@ order, so the result does not depend on which tower ran which micro-batch, nor o
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import keras
 import tensorflow as tf
@@ -55,8 +56,8 @@ def run_micro_batch(model, trainable, non_trainable, features, labels, loss_scal
       model: a Keras model returning logits.
       trainable, non_trainable: values for `model.trainable_variables` / `model.non_trainable_variables`.
       features, labels: the micro-batch; labels are int class indices.
-      loss_scale: optional scalar to multiply the loss by before differentiation (fp16); gradients are
-        divided by it again before they are returned.
+      loss_scale: optional scalar to multiply the loss by before differentiation (fp16, so small gradients
+        do not underflow); the gradients come back scaled, and the loss-scale optimizer unscales them.
     """
     with tf.GradientTape() as tape:
         tape.watch(trainable)
@@ -69,10 +70,28 @@ def run_micro_batch(model, trainable, non_trainable, features, labels, loss_scal
         if loss_scale is not None:
             total = total * loss_scale
     grads = tape.gradient(total, trainable)
-    if loss_scale is not None:
-        grads = [g / tf.cast(loss_scale, g.dtype) for g in grads]
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.int32))
     return MicroBatchResult(loss, correct, grads, new_non_trainable)
+
+
+def micro_batch_fn(model, jit_compile: bool = False):
+    """Returns `run_micro_batch` bound to `model`, XLA-compiled per call site when `jit_compile`.
+
+    XLA compiles for one device, so the unit it compiles is one tower's forward and backward pass (called
+    under that tower's device scope); the reduction across towers and the update stay in the ordinary graph.
+    """
+    if not jit_compile:
+        return functools.partial(run_micro_batch, model)
+
+    @tf.function(jit_compile=True)
+    def compiled(trainable, non_trainable, features, labels, loss_scale=None):
+        r = run_micro_batch(model, trainable, non_trainable, features, labels, loss_scale)
+        return r.loss, r.correct, r.grads, r.non_trainable
+
+    def run(trainable, non_trainable, features, labels, loss_scale=None):
+        return MicroBatchResult(*compiled(trainable, non_trainable, features, labels, loss_scale))
+
+    return run
 
 
 def ordered_sum(tensors):
