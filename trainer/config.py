@@ -11,7 +11,7 @@ import dataclasses
 
 DEVICE_KINDS = ("gpu", "cpu")
 PARAMETER_DEVICES = ("gpu", "cpu")
-UPDATE_MODES = ("sync",)
+UPDATE_MODES = ("sync", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")
 RECORD_SCHEMAS = ("auto", "image", "dense")
@@ -66,6 +66,7 @@ class TowerConfig:
     global_batch_size: int = 128
     micro_batches: int = 0  # 0: one per tower
     update_mode: str = "sync"
+    max_staleness: int = -1  # async: bound on an update's staleness; negative: unbounded
     jit_compile: bool = False  # XLA-compile the step
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
 
@@ -188,6 +189,11 @@ def validate(config: RunConfig) -> RunConfig:
       ConfigError: naming the offending flag, its value, and what to change.
     """
     _validate_towers(config.towers)
+    _require(
+        not (config.deterministic and config.towers.update_mode == "async"),
+        "--update_mode=async cannot be --deterministic: async updates land in thread-timing order. "
+        "Use --update_mode=sync for bitwise reproducible training.",
+    )
     _validate_loop(config.loop)
     _validate_optimizer(config.optimizer, config.loop.train_steps)
     _validate_data(config.data)

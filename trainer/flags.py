@@ -51,7 +51,16 @@ def _define_tower_flags() -> None:
         "update_mode",
         "sync",
         list(cfg.UPDATE_MODES),
-        "sync: the K gradients are averaged in a fixed order, then one update per step.",
+        "sync: the K gradients are averaged in a fixed order, then one update per step. async: each tower "
+        "applies its own micro-batch gradient at once, no barrier; one step = one update of "
+        "--global_batch_size/--micro_batches examples, at --learning_rate/--micro_batches, with momentum "
+        "lowered to 1-N(1-momentum) for the momentum asynchrony adds. Async is NOT deterministic.",
+    )
+    flags.DEFINE_integer(
+        "max_staleness",
+        -1,
+        "Async: a tower waits rather than apply an update staler than this (updates applied by other towers "
+        "since it read the variables); 0 is lock-step, negative is unbounded.",
     )
     flags.DEFINE_bool(
         "xla",
@@ -189,6 +198,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.global_batch_size,
             f.micro_batches,
             f.update_mode,
+            f.max_staleness,
             f.xla,
             f.mixed_precision,
         ),

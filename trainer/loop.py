@@ -56,9 +56,8 @@ class Loop:
     """Drives an update mode to `config.train_steps`.
 
     Args:
-      mode: has `train_steps(n, want_gradients) -> dict of tensors` and `global_step`.
+      mode: has `train_steps(n, want_gradients) -> dict of tensors`, `global_step`, `examples_per_step`.
       config: cadences and budget.
-      global_batch_size: examples per step, for throughput.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.
       summaries: `trainer.summaries.Summaries`.
@@ -70,7 +69,6 @@ class Loop:
         self,
         mode,
         config: LoopConfig,
-        global_batch_size: int,
         evaluator,
         checkpointer,
         summaries,
@@ -80,7 +78,7 @@ class Loop:
     ):
         self.mode = mode
         self.config = config
-        self.global_batch_size = global_batch_size
+        self.examples_per_step = mode.examples_per_step
         self.evaluator = evaluator
         self.checkpointer = checkpointer
         self.summaries = summaries
@@ -124,12 +122,17 @@ class Loop:
         start = time.perf_counter()
         metrics = self.mode.train_steps(n, want_gradients=want_histograms)
         gradients = metrics.pop("gradients", None)
+        staleness = metrics.pop("staleness", None)
         values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the device
         seconds = time.perf_counter() - start
-        self.throughput.add(n * self.global_batch_size, seconds)
-        values["examples_per_sec"] = n * self.global_batch_size / seconds
+        self.throughput.add(n * self.examples_per_step, seconds)
+        values["examples_per_sec"] = n * self.examples_per_step / seconds
         self.last_train = {"train_" + k if k in ("loss", "accuracy") else k: v for k, v in values.items()}
         self.last_train["step_sec"] = seconds / n
+        if staleness is not None:
+            self.last_train["staleness_mean"] = float(np.mean(staleness))
+            self.last_train["staleness_max"] = int(np.max(staleness))
+            self.summaries.staleness(step + n, staleness)
         if gradients is not None:
             self.summaries.histograms(step + n, self.histogram_tags, gradients, self.histogram_variables)
 
@@ -154,6 +157,8 @@ class Loop:
             "examples_per_sec": t["examples_per_sec"],
             "tower_step_sec": t.get("tower_step_sec", []),
         }
+        if "staleness_mean" in t:
+            scalars.update(staleness_mean=t["staleness_mean"], staleness_max=t["staleness_max"])
         self.summaries.scalars("train", step, scalars)
         eta = (self.config.train_steps - step) * t["step_sec"]
         self.log(

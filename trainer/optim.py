@@ -42,23 +42,38 @@ class _WarmupConstant(keras.optimizers.schedules.LearningRateSchedule):
         return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
 
 
-def make_optimizer(config: OptimizerConfig, train_steps: int, global_step: tf.Variable) -> keras.optimizers.Optimizer:
+def async_momentum(momentum: float, num_towers: int) -> float:
+    """The explicit momentum that keeps async training's total momentum near `momentum`.
+
+    N towers updating asynchronously add an implicit momentum of about 1 - 1/N (Mitliagkas et al. 2016,
+    "Asynchrony begets momentum"). Momentum terms compose as (1 - total) = (1 - explicit)(1 - implicit), so
+    explicit = 1 - N (1 - momentum), floored at 0. Measured on digits (cnn, N=4, 1000 updates): 0.9 as given
+    diverges (eval accuracy 0.30-0.89); 0.6 from this rule reaches 0.986.
+    """
+    return max(0.0, 1.0 - num_towers * (1.0 - momentum))
+
+
+def make_optimizer(
+    config: OptimizerConfig, train_steps: int, global_step: tf.Variable, lr_scale: float = 1.0, momentum=None
+) -> keras.optimizers.Optimizer:
     """Builds the optimizer, its learning rate a function of `global_step`.
 
     The rate reads our own step counter rather than the optimizer's `iterations`, so every update mode
     (including async, where Keras's counter can lose increments) drives the schedule with the same count.
+    `lr_scale` multiplies the schedule: async mode passes 1/K, so that K updates of one micro-batch each move
+    the weights as far as one sync step over the K micro-batches, and `--learning_rate` means the same in both.
     Clipping is not done here: the update mode clips the reduced gradient, so the norm it reports is the
     one it clipped.
     """
     schedule = make_schedule(config, train_steps)
 
     def learning_rate():
-        return schedule(global_step)
+        return schedule(global_step) * lr_scale
 
     if config.name == "sgd":
         return keras.optimizers.SGD(learning_rate)
     if config.name == "momentum":
-        return keras.optimizers.SGD(learning_rate, momentum=config.momentum)
+        return keras.optimizers.SGD(learning_rate, momentum=config.momentum if momentum is None else momentum)
     if config.name == "adam":
         return keras.optimizers.Adam(learning_rate)
     return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay)

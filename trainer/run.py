@@ -10,11 +10,13 @@ import logging
 import os
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 import data
 import models
 from trainer import determinism, devices, optim, report
+from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
 from trainer.config import DataConfig, RunConfig, validate
 from trainer.evaluate import Evaluator
@@ -81,7 +83,6 @@ def train(config: RunConfig) -> dict:
     loop = Loop(
         state.mode,
         loop_config,
-        config.towers.global_batch_size,
         state.evaluator,
         state.checkpointer,
         summaries,
@@ -92,6 +93,7 @@ def train(config: RunConfig) -> dict:
     try:
         results = loop.run()
     finally:
+        state.mode.close()
         summaries.close()
     metrics = _final_metrics(config, state, loop, results)
     if loop_config.export:
@@ -109,8 +111,8 @@ class Trainer:
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     global_step: tf.Variable
-    iterator: object
-    mode: SyncUpdate
+    iterators: list
+    mode: SyncUpdate | AsyncUpdate
     evaluator: Evaluator
     checkpointer: Checkpointer
 
@@ -121,7 +123,8 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     Args:
       config: the run.
       train_dataset: replaces the TFRecord training input (e.g. the same data held in memory, for
-        benchmarks); it must yield global batches of the records' shape.
+        benchmarks). It must yield global batches in sync mode, micro-batches in async mode (where every
+        tower then iterates it on its own).
 
     Raises:
       ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
@@ -131,48 +134,105 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     placement = devices.resolve(config.towers)
     determinism.configure(config.seed, config.deterministic)
     inputs = resolve_inputs(config.data)
-    t = config.towers
-    _set_precision(t.mixed_precision)
-    with tf.device(placement.parameter_device):
-        model = models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        optimizer = optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
-        if t.mixed_precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
-    with tf.device(placement.host):
-        if train_dataset is None:
-            train_dataset = data.make_dataset(
-                inputs.train,
-                batch_size=t.global_batch_size,
-                training=True,
-                seed=config.seed,
-                shuffle_buffer=config.data.shuffle_buffer,
-            )
-        iterator = iter(train_dataset)
-    eval_batch = config.data.eval_batch_size or t.global_batch_size
+    model, optimizer, global_step = _build_model(config, placement, inputs)
+    iterators = _train_iterators(config, placement, inputs, train_dataset)
+    eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
     evaluator = Evaluator(
         model, placement, lambda: data.make_dataset(inputs.eval, batch_size=eval_batch, training=False)
     )
-    mode = SyncUpdate(
-        model,
-        optimizer,
-        placement,
-        t.num_micro_batches,
-        global_step,
-        iterator,
-        clip_global_norm=config.optimizer.clip_global_norm,
-        jit_compile=t.jit_compile,
-    )
+    mode = _make_mode(config, model, optimizer, placement, global_step, iterators)
+    named_iterators = {f"iterator_{i}": it for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,
         config.loop.keep_checkpoints,
         global_step,
         model=model,
         optimizer=optimizer,
-        iterator=iterator,
+        **named_iterators,
     )
-    return Trainer(config, placement, model, optimizer, global_step, iterator, mode, evaluator, checkpointer)
+    return Trainer(config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer)
+
+
+def _build_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
+    """Model, optimizer (slots built) and global step, all on the parameter device."""
+    _set_precision(config.towers.mixed_precision)
+    with tf.device(placement.parameter_device):
+        model = models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        optimizer = _make_optimizer(config, global_step)
+        if config.towers.mixed_precision == "fp16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer, global_step
+
+
+def _make_optimizer(config: RunConfig, global_step: tf.Variable):
+    """Async mode scales each update's learning rate by 1/K (K updates ~ one sync step) and lowers the
+    explicit momentum by what asynchrony adds (`optim.async_momentum`)."""
+    t = config.towers
+    if t.update_mode != "async":
+        return optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
+    momentum = optim.async_momentum(config.optimizer.momentum, t.num_towers)
+    if config.optimizer.name == "momentum":
+        log.warning(
+            "async: explicit momentum %.3g instead of %.3g (N=%d towers add implicit momentum)",
+            momentum,
+            config.optimizer.momentum,
+            t.num_towers,
+        )
+    return optim.make_optimizer(
+        config.optimizer, config.loop.train_steps, global_step, lr_scale=1.0 / t.num_micro_batches, momentum=momentum
+    )
+
+
+def _train_iterators(config: RunConfig, placement: devices.Placement, inputs: Inputs, train_dataset) -> list:
+    """Sync: one iterator of global batches. Async: one per tower, each over its own share of the files,
+    yielding micro-batches, so no example is read twice per epoch across towers."""
+    t = config.towers
+    shares = len(placement.towers) if t.update_mode == "async" else 1
+    batch_size = t.micro_batch_size if t.update_mode == "async" else t.global_batch_size
+    with tf.device(placement.host):
+        if train_dataset is not None:
+            return [iter(train_dataset) for _ in range(shares)]
+        datasets = [
+            data.make_dataset(
+                inputs.train,
+                batch_size=batch_size,
+                training=True,
+                seed=config.seed,
+                worker_index=i,
+                num_workers=shares,
+                shuffle_buffer=config.data.shuffle_buffer,
+            )
+            for i in range(shares)
+        ]
+        return [iter(ds) for ds in datasets]
+
+
+def _make_mode(config: RunConfig, model, optimizer, placement, global_step, iterators):
+    t = config.towers
+    clip = config.optimizer.clip_global_norm
+    if t.update_mode == "async":
+        return AsyncUpdate(
+            model,
+            optimizer,
+            placement,
+            global_step,
+            iterators,
+            max_staleness=t.max_staleness,
+            clip_global_norm=clip,
+            jit_compile=t.jit_compile,
+        )
+    return SyncUpdate(
+        model,
+        optimizer,
+        placement,
+        t.num_micro_batches,
+        global_step,
+        iterators[0],
+        clip_global_norm=clip,
+        jit_compile=t.jit_compile,
+    )
 
 
 _POLICIES = {"": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -203,6 +263,14 @@ def _final_metrics(config: RunConfig, state: Trainer, loop: Loop, results: dict)
         "weights_sha256": report.weights_sha256(state.model.variables),
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
     }
+    staleness = getattr(state.mode, "staleness_all", None)
+    if staleness:  # async: over every update of this process (a resumed run counts from its restart)
+        metrics.update(
+            staleness_mean=float(np.mean(staleness)),
+            staleness_max=int(np.max(staleness)),
+            staleness_updates=len(staleness),
+            max_staleness=t.max_staleness,
+        )
     return metrics
 
 

@@ -48,6 +48,11 @@ class Summaries:
                 tf.summary.histogram(f"weights/{tag}", variable.value)
         self.train.flush()
 
+    def staleness(self, step: int, values) -> None:
+        """Async: the histogram of the staleness of the updates of a window."""
+        with self.train.as_default(step=step):
+            tf.summary.histogram("staleness", tf.constant(values, tf.float32))
+
     def hparams(self, values: dict) -> None:
         """Records the run's flags with the hparams plugin (scalars, strings and bools as they are)."""
         clean = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in values.items()}

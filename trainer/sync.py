@@ -56,7 +56,7 @@ class SyncUpdate:
         self.global_step = global_step
         self.iterator = iterator
         self.clip_global_norm = clip_global_norm
-        self.global_batch_size = int(iterator.element_spec[1].shape[0])
+        self.examples_per_step = int(iterator.element_spec[1].shape[0])
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
@@ -74,8 +74,11 @@ class SyncUpdate:
             losses.append(metrics.pop("loss"))
             correct.append(metrics.pop("correct"))
         metrics["loss"] = tw.ordered_mean(losses)
-        metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (num_steps * self.global_batch_size)
+        metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (num_steps * self.examples_per_step)
         return metrics
+
+    def close(self) -> None:
+        """Nothing to release: the sync mode has no threads."""
 
     def _step(self, iterator, report: bool, want_gradients: bool):
         placement = self.placement
@@ -89,7 +92,7 @@ class SyncUpdate:
             # cluster on another tower's device may not touch; a tensor copied to the tower is what it needs.
             trainable = [tf.identity(v.value) for v in self.model.trainable_variables]
             non_trainable = [tf.identity(v.value) for v in self.model.non_trainable_variables]
-            loss_scale = self._loss_scale()
+            loss_scale = tw.loss_scale(self.optimizer)
         results, tower_sec = self._run_towers(
             feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
         )
@@ -100,10 +103,6 @@ class SyncUpdate:
         if not want_gradients:
             metrics.pop("gradients")
         return metrics
-
-    def _loss_scale(self):
-        scale = getattr(self.optimizer, "dynamic_scale", None)
-        return None if scale is None else tf.identity(scale.value)
 
     def _run_towers(self, feature_parts, label_parts, trainable, non_trainable, step, timed: bool, loss_scale):
         """Runs every micro-batch on its tower; returns the results in micro-batch order and each tower's

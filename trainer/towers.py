@@ -74,6 +74,12 @@ def run_micro_batch(model, trainable, non_trainable, features, labels, loss_scal
     return MicroBatchResult(loss, correct, grads, new_non_trainable)
 
 
+def loss_scale(optimizer):
+    """The current loss scale of a `keras.optimizers.LossScaleOptimizer` (fp16), else None."""
+    scale = getattr(optimizer, "dynamic_scale", None)
+    return None if scale is None else tf.identity(scale.value)
+
+
 def micro_batch_fn(model, jit_compile: bool = False):
     """Returns `run_micro_batch` bound to `model`, XLA-compiled per call site when `jit_compile`.
 

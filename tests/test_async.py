@@ -1,0 +1,171 @@
+"""Async update mode: exact step counting, staleness reporting and bounds, failures, signals, resume."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+from trainer import config as cfg
+from trainer.loop import StopRequested
+from trainer.run import build, train
+from trainer.staleness import Gate, TowerFailed
+
+
+def _async(make_config, num_towers=2, max_staleness=-1, **loop):
+    return make_config(
+        deterministic=False,
+        towers={"num_towers": num_towers, "update_mode": "async", "max_staleness": max_staleness},
+        loop={"train_steps": 40, **loop},
+    )
+
+
+def test_keras_assign_add_loses_increments_but_tf_variable_does_not():
+    """Why the global step is a raw tf.Variable: Keras's assign_add is a read-modify-write in Python."""
+
+    def hammer(variable, threads=4, each=1000):
+        def work():
+            for _ in range(each):
+                variable.assign_add(1)
+
+        workers = [threading.Thread(target=work) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return int(variable.numpy())
+
+    assert hammer(tf.Variable(0, dtype=tf.int64)) == 4000
+    assert hammer(keras.Variable(0, dtype="int64")) <= 4000  # measured: ~40% survive
+
+
+def test_step_count_equals_applied_updates_and_staleness_is_reported(make_config, tmp_path):
+    metrics = train(_async(make_config, num_towers=4, log_every_steps=20, histogram_every_steps=20))
+    assert metrics["global_step"] == 40
+    assert metrics["staleness_updates"] == 40  # every applied update counted once, none lost
+    assert metrics["update_mode"] == "async"
+    assert 0 <= metrics["staleness_mean"] <= metrics["staleness_max"] <= 3 * 4
+    on_disk = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert on_disk["staleness_max"] == metrics["staleness_max"]
+    acc = event_accumulator.EventAccumulator(
+        str(tmp_path / "run" / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"])
+    assert {"staleness_mean", "staleness_max", "staleness", "tower_step_sec/tower_3"} <= tags
+    assert [e.step for e in acc.Tensors("staleness")] == [20, 40]
+
+
+def test_max_staleness_zero_is_lock_step(make_config):
+    metrics = train(_async(make_config, num_towers=4, max_staleness=0, train_steps=24))
+    assert metrics["global_step"] == 24
+    assert metrics["staleness_max"] == 0 and metrics["staleness_mean"] == 0.0
+
+
+def test_max_staleness_bounds_every_update(make_config):
+    metrics = train(_async(make_config, num_towers=4, max_staleness=1, train_steps=40))
+    assert metrics["staleness_max"] <= 1
+
+
+def test_a_failing_tower_ends_the_run_with_its_number(make_config):
+    trainer = build(_async(make_config, num_towers=2))
+    healthy = trainer.mode._compute_fns[1]
+    calls = []
+
+    def broken():
+        calls.append(1)
+        if len(calls) == 3:
+            raise tf.errors.InvalidArgumentError(None, None, "corrupt record")
+        return healthy()
+
+    trainer.mode._compute_fns[1] = broken
+    try:
+        with pytest.raises(TowerFailed, match=r"tower 1 failed: InvalidArgumentError: corrupt record"):
+            trainer.mode.train_steps(1000)
+    finally:
+        trainer.mode.close()
+    assert all(not t.is_alive() for t in threading.enumerate() if t.name.startswith("tower-"))
+
+
+def test_deterministic_async_is_refused():
+    config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), deterministic=True)
+    with pytest.raises(cfg.ConfigError, match="--update_mode=async cannot be --deterministic"):
+        cfg.validate(config)
+
+
+def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config, tmp_path):
+    config = _async(make_config, train_steps=100_000, log_every_steps=10, checkpoint_every_steps=0)
+    timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(StopRequested, match="stopped by signal 2 at step"):
+            train(config)
+    finally:
+        timer.cancel()
+    stopped_at = int(tf.train.latest_checkpoint(str(tmp_path / "run")).rsplit("-", 1)[1])
+    assert stopped_at > 0 and stopped_at % 10 == 0  # a window boundary
+    resumed = train(_async(make_config, train_steps=stopped_at + 10))
+    assert resumed["global_step"] == stopped_at + 10
+
+
+def test_gate_lock_step_runs_one_tower_at_a_time():
+    gate, active, peak, order = Gate(max_staleness=0), [0], [0], []
+    lock = threading.Lock()
+
+    def tower(i):
+        try:
+            while True:
+                ticket = gate.start()
+                with lock:
+                    active[0] += 1
+                    peak[0] = max(peak[0], active[0])
+                time.sleep(0.001)
+                gate.wait_turn(ticket)
+                with lock:
+                    active[0] -= 1
+                    order.append(ticket)
+                gate.finish(ticket)
+        except Exception:  # Stopped
+            return
+
+    threads = [threading.Thread(target=tower, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    gate.open_window(30)
+    gate.wait_window()
+    gate.stop()
+    for t in threads:
+        t.join()
+    assert peak[0] == 1 and order == list(range(30))
+
+
+def test_gate_window_applies_exactly_its_budget():
+    gate, done = Gate(), []
+
+    def tower():
+        try:
+            while True:
+                ticket = gate.start()
+                gate.wait_turn(ticket)
+                done.append(ticket)
+                gate.finish(ticket)
+        except Exception:
+            return
+
+    threads = [threading.Thread(target=tower) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for window in (7, 1, 12):
+        gate.open_window(window)
+        gate.wait_window()
+        assert len(done) == sum((7, 1, 12)[: (7, 1, 12).index(window) + 1])
+    gate.stop()
+    for t in threads:
+        t.join()
+    assert sorted(done) == list(range(20)) and len(np.unique(done)) == 20

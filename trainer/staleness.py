@@ -1,0 +1,108 @@
+"""Coordination of asynchronous towers: the step budget of a window, pauses at step boundaries, stop on
+error, and the `--max_staleness` bound. Pure Python (threading), so it is testable without TensorFlow.
+
+Staleness of an update = number of other updates applied between the read of the variables it was computed
+from and its own apply (= global step after apply - global step at read - 1).
+
+Bounding it to S without deadlock takes two rules, both only when S >= 0:
+  1. a tower may start (read the variables) only while at most S other towers are in flight;
+  2. updates are applied in the order their towers started.
+Then the updates applied between a tower's read and its apply are those of towers that started before it and
+were still in flight, at most S of them. The oldest tower in flight can always apply, so no tower waits
+forever. S = 0 is lock-step: one tower at a time. S < 0 (the default) bounds nothing and orders nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class TowerFailed(RuntimeError):
+    """A tower raised; the message names the tower, the original error is the cause."""
+
+
+class Stopped(Exception):
+    """Raised in a tower thread when the run is shutting down."""
+
+
+class Gate:
+    """Hands out the updates of a window to towers, and enforces the staleness bound.
+
+    Args:
+      max_staleness: S; negative for unbounded.
+    """
+
+    def __init__(self, max_staleness: int = -1):
+        self.max_staleness = max_staleness
+        self._cond = threading.Condition()
+        self._budget = 0  # updates that may still start in this window
+        self._unfinished = 0  # started, or allowed to start, but not yet finished, in this window
+        self._in_flight = collections.deque()  # tickets of started, unapplied updates, in start order
+        self._next_ticket = 0
+        self._stopping = False
+        self._error: BaseException | None = None
+
+    def open_window(self, num_updates: int) -> None:
+        """Lets `num_updates` more updates start."""
+        with self._cond:
+            self._budget += num_updates
+            self._unfinished += num_updates
+            self._cond.notify_all()
+
+    def wait_window(self, poll_sec: float = 0.1) -> None:
+        """Blocks until every update of the window has been applied (all towers then idle at a step
+        boundary). Raises TowerFailed if a tower raised."""
+        with self._cond:
+            while self._unfinished > 0 and self._error is None:
+                self._cond.wait(poll_sec)  # a timeout keeps the main thread responsive to signals
+            if self._error is not None:
+                raise self._error
+
+    def start(self) -> int:
+        """Called by a tower before it reads the variables; blocks until an update of the budget is free and
+        the staleness bound allows a start. Returns the update's ticket. Raises Stopped at shutdown."""
+        with self._cond:
+            while not self._stopping and (self._budget == 0 or not self._may_start()):
+                self._cond.wait()
+            if self._stopping:
+                raise Stopped
+            self._budget -= 1
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._in_flight.append(ticket)
+            return ticket
+
+    def _may_start(self) -> bool:
+        return self.max_staleness < 0 or len(self._in_flight) <= self.max_staleness
+
+    def wait_turn(self, ticket: int) -> None:
+        """Called before applying: with a bound, waits until every earlier-started update is applied."""
+        with self._cond:
+            while not self._stopping and self.max_staleness >= 0 and self._in_flight[0] != ticket:
+                self._cond.wait()
+            if self._stopping:
+                raise Stopped
+
+    def finish(self, ticket: int) -> None:
+        """Called after the update is applied."""
+        with self._cond:
+            self._in_flight.remove(ticket)
+            self._unfinished -= 1
+            self._cond.notify_all()
+
+    def fail(self, tower: int, error: BaseException) -> None:
+        """Records the first tower error and stops every tower."""
+        with self._cond:
+            if self._error is None:
+                failure = TowerFailed(f"tower {tower} failed: {type(error).__name__}: {error}")
+                failure.__cause__ = error
+                self._error = failure
+            self._stopping = True
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Makes every waiting or later call raise Stopped."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
