@@ -14,6 +14,7 @@ from absl import app, flags, logging
 # TensorFlow's C++ INFO lines (CUDA stubs, CPU features) bury the training log; warnings still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
+from launch import cluster
 from trainer import config as cfg
 from trainer import flags as tf_flags
 
@@ -26,7 +27,8 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags take the form --name=value)")
     try:
         config = tf_flags.config_from_flags(FLAGS)
-    except cfg.ConfigError as e:
+        cluster.require_single_task(os.environ)
+    except ValueError as e:  # ConfigError, or a multi-task job
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures) likewise

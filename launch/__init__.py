@@ -1,0 +1,1 @@
+"""Slurm and cluster helpers: what the job's environment says about the tasks of a run."""
