@@ -180,3 +180,20 @@ def test_optimizers_and_schedules_learn(make_config, optimizer, schedule):
         )
     )
     assert metrics["eval_accuracy"] >= 0.6  # chance is 0.1; 20 steps of 64 examples
+
+
+@pytest.mark.parametrize(
+    "towers",
+    [{"jit_compile": True}, {"mixed_precision": "bf16"}, {"mixed_precision": "fp16", "global_batch_size": 16}],
+    ids=["xla", "bf16", "fp16"],
+)
+def test_xla_and_mixed_precision_train(make_config, towers):
+    import keras
+
+    steps = 4 if towers.get("mixed_precision") == "fp16" else 20  # CPUs have no fp16 kernels: slow
+    metrics = train(make_config(model={"name": "mlp"}, deterministic=False, towers=towers, loop={"train_steps": steps}))
+    assert metrics["global_step"] == steps
+    assert np.isfinite(metrics["train_loss"]) and metrics["eval_loss"] < np.log(10)  # below chance
+    policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}.get(towers.get("mixed_precision"), "float32")
+    assert keras.mixed_precision.global_policy().name == policy
+    keras.mixed_precision.set_global_policy("float32")

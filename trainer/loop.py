@@ -161,6 +161,7 @@ class Loop:
             scalars.update(staleness_mean=t["staleness_mean"], staleness_max=t["staleness_max"])
         self.summaries.scalars("train", step, scalars)
         eta = (self.config.train_steps - step) * t["step_sec"]
+        self._clear_progress()
         self.log(
             f"step {step:>7d}/{self.config.train_steps}  loss {t['train_loss']:.4f}  "
             f"lr {t['learning_rate']:.3g}  {t['examples_per_sec']:,.0f} ex/s  eta {_duration(eta)}"
@@ -170,12 +171,17 @@ class Loop:
         if self.evaluator is None:
             return
         values = self.evaluator.evaluate()
+        self._clear_progress()
         self.summaries.scalars("eval", step, {"loss": values["eval_loss"], "accuracy": values["eval_accuracy"]})
         self.last_eval = {**values, "step": step}
         self.log(
             f"eval at step {step}: loss {values['eval_loss']:.4f}  accuracy {values['eval_accuracy']:.4f}  "
             f"({values['eval_examples']} examples)"
         )
+
+    def _clear_progress(self) -> None:
+        if self._progress:
+            sys.stdout.write("\r\033[K")  # the log line replaces the bar
 
     def _progress_bar(self, step: int) -> None:
         done = step / self.config.train_steps
