@@ -149,17 +149,9 @@ class AsyncUpdate:
     def _apply(self, grads, new_state):
         with tf.device(self.placement.parameter_device):
             loss_scale = tw.loss_scale(self.optimizer)
-            grad_norm = tf.linalg.global_norm(grads)
-            scale = 1.0 if loss_scale is None else tf.cast(loss_scale, grad_norm.dtype)
-            if self.clip_global_norm:
-                grads, _ = tf.clip_by_global_norm(grads, self.clip_global_norm * scale, use_norm=grad_norm)
-            learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-            self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
-            for variable, value in zip(self.model.non_trainable_variables, new_state, strict=True):
-                if value is not None:
-                    variable.assign(value)
-            step = self.global_step.assign_add(1)
-            return {"step": step, "learning_rate": learning_rate, "grad_norm": grad_norm / scale, "gradients": grads}
+            return tw.apply_update(
+                self.model, self.optimizer, self.global_step, grads, new_state, loss_scale, self.clip_global_norm
+            )
 
 
 def _state_updates(result: tw.MicroBatchResult, seed_flags: list[bool]) -> list:

@@ -126,23 +126,7 @@ class SyncUpdate:
 
     def _apply(self, results, loss_scale):
         loss, correct, grads, new_state = tw.combine(results, self._seed_flags)
-        grad_norm = tf.linalg.global_norm(grads)
-        if loss_scale is not None:
-            grad_norm = grad_norm / tf.cast(loss_scale, grad_norm.dtype)
-        if self.clip_global_norm:
-            # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
-            scale = 1.0 if loss_scale is None else tf.cast(loss_scale, grad_norm.dtype)
-            grads, _ = tf.clip_by_global_norm(grads, self.clip_global_norm * scale, use_norm=grad_norm * scale)
-        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
-        for variable, value in zip(self.model.non_trainable_variables, new_state, strict=True):
-            if value is not None:
-                variable.assign(value)
-        self.global_step.assign_add(1)
-        return {
-            "loss": loss,
-            "correct": correct,
-            "learning_rate": learning_rate,
-            "grad_norm": grad_norm,
-            "gradients": grads,
-        }
+        applied = tw.apply_update(
+            self.model, self.optimizer, self.global_step, grads, new_state, loss_scale, self.clip_global_norm
+        )
+        return {"loss": loss, "correct": correct, **applied}

@@ -139,3 +139,29 @@ def combine(results: list[MicroBatchResult], seed_flags: list[bool]):
         else:
             new_state.append(values[-1])
     return loss, correct, grads, new_state
+
+
+def apply_update(model, optimizer, global_step, grads, new_state, loss_scale, clip_global_norm: float) -> dict:
+    """One optimizer update of the shared variables (call under the parameter device); shared by the modes.
+
+    Args:
+      grads: the gradient to apply, one per trainable variable (scaled by `loss_scale` if not None).
+      new_state: new values of the non-trainable variables; None leaves one as it is.
+      loss_scale: the fp16 loss scale the gradients carry, or None.
+      clip_global_norm: clip the true (unscaled) gradient to this global norm; 0 turns clipping off.
+
+    Returns:
+      {"step": step after the update, "learning_rate", "grad_norm" (unscaled, before clipping), "gradients"}.
+    """
+    scaled_norm = tf.linalg.global_norm(grads)
+    scale = 1.0 if loss_scale is None else tf.cast(loss_scale, scaled_norm.dtype)
+    if clip_global_norm:
+        # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
+        grads, _ = tf.clip_by_global_norm(grads, clip_global_norm * scale, use_norm=scaled_norm)
+    learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
+        if value is not None:
+            variable.assign(value)
+    step = global_step.assign_add(1)
+    return {"step": step, "learning_rate": learning_rate, "grad_norm": scaled_norm / scale, "gradients": grads}
