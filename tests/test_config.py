@@ -33,6 +33,7 @@ def _towers(**kw):
         (cfg.RunConfig(data=cfg.DataConfig(train_data="x/*", num_classes=3)), "--eval_data must be given"),
         (cfg.RunConfig(data=cfg.DataConfig(eval_data="x/*")), "--eval_data needs --train_data"),
         (cfg.RunConfig(loop=cfg.LoopConfig(train_steps=0)), "--train_steps (0) must be at least 1"),
+        (cfg.RunConfig(loop=cfg.LoopConfig(train_steps=10, profile_steps=(5, 20))), "--profile_steps (5,20) must"),
         (cfg.RunConfig(loop=cfg.LoopConfig(eval_every_steps=-1)), "--eval_every_steps (-1) must be >= 0"),
     ],
 )

@@ -197,3 +197,10 @@ def test_xla_and_mixed_precision_train(make_config, towers):
     policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}.get(towers.get("mixed_precision"), "float32")
     assert keras.mixed_precision.global_policy().name == policy
     keras.mixed_precision.set_global_policy("float32")
+
+
+def test_profile_steps_write_a_trace(make_config, tmp_path):
+    metrics = train(make_config(loop={"train_steps": 8, "log_every_steps": 0, "profile_steps": (3, 5)}))
+    assert metrics["global_step"] == 8
+    traces = list((tmp_path / "run" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 1000

@@ -89,6 +89,7 @@ class LoopConfig:
     histogram_every_steps: int = 100
     keep_checkpoints: int = 3
     export: bool = True
+    profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +162,12 @@ def _validate_loop(lp: LoopConfig) -> None:
     for name in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps", "histogram_every_steps"):
         value = getattr(lp, name)
         _require(value >= 0, f"--{name} ({value}) must be >= 0 (0 turns it off)")
+    if lp.profile_steps is not None:
+        a, b = lp.profile_steps
+        _require(
+            0 <= a < b <= lp.train_steps,
+            f"--profile_steps ({a},{b}) must be A,B with 0 <= A < B <= --train_steps ({lp.train_steps})",
+        )
     _require(lp.keep_checkpoints >= 1, f"--keep_checkpoints ({lp.keep_checkpoints}) must be at least 1")
 
 

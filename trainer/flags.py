@@ -141,6 +141,12 @@ def _define_loop_flags() -> None:
         100,
         "Steps between gradient and weight histograms; 0: off. Each one costs about one extra step time.",
     )
+    flags.DEFINE_list(
+        "profile_steps",
+        None,
+        "A,B: record a TensorFlow profiler trace of steps A+1..B into "
+        "model_dir/train (TensorBoard's Profile tab, with tensorboard-plugin-profile).",
+    )
     flags.DEFINE_integer("keep_checkpoints", 3, "Newest checkpoints kept.")
     flags.DEFINE_bool("export", True, "Export a SavedModel to model_dir/export at the end.")
 
@@ -157,6 +163,15 @@ def _floats(values, name: str) -> tuple[float, ...]:
         return tuple(float(v) for v in values or ())
     except ValueError as e:
         raise cfg.ConfigError(f"--{name} ({','.join(values)}) must be comma-separated numbers") from e
+
+
+def _profile_steps(values) -> tuple[int, int] | None:
+    if not values:
+        return None
+    steps = _ints(values, "profile_steps")
+    if len(steps) != 2:
+        raise cfg.ConfigError(f"--profile_steps ({','.join(values)}) must be two steps A,B")
+    return steps
 
 
 def config_from_flags(f) -> cfg.RunConfig:
@@ -211,6 +226,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.histogram_every_steps,
             f.keep_checkpoints,
             f.export,
+            _profile_steps(f.profile_steps),
         ),
         seed=f.seed,
         deterministic=f.deterministic,

@@ -7,11 +7,13 @@ The loop never computes a gradient; the update mode never logs or checkpoints. T
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from trainer.config import LoopConfig
 
@@ -21,9 +23,10 @@ def is_time(step: int, every_steps: int) -> bool:
     return every_steps > 0 and step % every_steps == 0
 
 
-def steps_to_next_event(step: int, train_steps: int, cadences: list[int]) -> int:
-    """How many steps from `step` to the next cadence event or the end of training."""
+def steps_to_next_event(step: int, train_steps: int, cadences: list[int], marks=()) -> int:
+    """How many steps from `step` to the next cadence event, absolute mark, or the end of training."""
     distances = [every - step % every for every in cadences if every > 0]
+    distances += [mark - step for mark in marks if mark > step]
     return min([train_steps - step, *distances])
 
 
@@ -102,7 +105,7 @@ class Loop:
         step = self._step()
         with _StopOnSignal(self):
             while step < c.train_steps:
-                n = steps_to_next_event(step, c.train_steps, cadences)
+                n = steps_to_next_event(step, c.train_steps, cadences, c.profile_steps or ())
                 self._train_window(step, n)
                 step = self._step()
                 self._events(step)
@@ -146,6 +149,19 @@ class Loop:
             self._evaluate(step)
         if is_time(step, c.checkpoint_every_steps):
             self.checkpointer.save()
+        self._profile(step)
+
+    def _profile(self, step: int) -> None:
+        """Starts the TensorFlow profiler after step A and stops it after step B (`--profile_steps=A,B`); the
+        trace lands in model_dir/train/plugins/profile, TensorBoard's Profile tab."""
+        if self.config.profile_steps is None:
+            return
+        first, last = self.config.profile_steps
+        if step == first:
+            tf.profiler.experimental.start(os.path.join(self.config.model_dir, "train"))
+        elif step == last:
+            tf.profiler.experimental.stop()
+            self.log(f"profiler trace of steps {first + 1}..{last} written to {self.config.model_dir}/train")
 
     def _log_train(self, step: int) -> None:
         t = self.last_train
