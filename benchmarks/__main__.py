@@ -1,0 +1,103 @@
+"""`python -m benchmarks`: towerflow's throughput as a ratio to reference training loops, one row per figure.
+
+    python -m benchmarks                      # full run (both settings, ~15 min on 2 cores)
+    python -m benchmarks --quick --out benchmarks/results-quick.json
+    python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
+    python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
+
+Each ratio is median(towerflow examples/sec) / median(reference examples/sec) over alternating timed
+windows (A, B, A, B, ...) after warm-up. Exit code 0 even when a target is missed: the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import tempfile
+
+from benchmarks import figures as figure_defs
+from benchmarks import records as records_lib
+from benchmarks import report, runner
+from benchmarks.plan import SETTINGS, SIZES
+from benchmarks.session import Sessions
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer, shorter windows; cnn-digits only (< 5 min)")
+    size.add_argument("--smoke", action="store_true", help="tiny windows, to check that everything runs")
+    parser.add_argument("--out", help="write the results as JSON to this file")
+    figures_help = f"comma-separated figures: {', '.join(figure_defs.NAMES)}"
+    parser.add_argument("--only", type=_names, default=[], help=figures_help)
+    parser.add_argument("--settings", type=_names, help=f"comma-separated settings: {', '.join(SETTINGS)}")
+    parser.add_argument("--windows", type=int, help="timed windows per side (default depends on the size)")
+    parser.add_argument("--profile", default="", help="also trace one window of each side into this directory")
+    return parser
+
+
+def _size(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    if args.windows is not None:
+        if args.windows < 1:
+            parser.error(f"--windows ({args.windows}) must be at least 1")
+        size = dataclasses.replace(size, windows=args.windows)
+    if args.settings is not None:
+        unknown = [name for name in args.settings if name not in SETTINGS]
+        if unknown or not args.settings:
+            parser.error(f"--settings: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(SETTINGS)}")
+        size = dataclasses.replace(size, settings=tuple(args.settings))
+    return size
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    size = _size(args, parser)
+    all_figures = [f for name in size.settings for f in figure_defs.figures(SETTINGS[name], size)]
+    try:
+        selected = figure_defs.select(all_figures, args.only)
+    except ValueError as e:
+        parser.error(str(e))
+    from trainer import config  # no TensorFlow: which update modes this tree has
+
+    available = {"async"} if "async" in config.UPDATE_MODES else set()
+    command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)
+    started, load_start = report.now(), list(os.getloadavg())  # other work on the machine skews every figure
+    with tempfile.TemporaryDirectory(prefix="towerflow-bench-logs-") as log_dir:
+        sessions = Sessions(log_dir)
+        try:
+            runner.start_workers(selected, available, sessions)  # they import TensorFlow meanwhile
+            records = {s.name: records_lib.ensure_records(s) for s in {f.setting for f in selected}}
+            results = _run(selected, size, records, sessions, available, args.profile)
+            env = report.environment(sessions.info(), started, load_start)
+        finally:
+            sessions.close()
+    env["command"] = command
+    run = {"size": dataclasses.asdict(size), "environment": env, "figures": results}
+    print("\n".join(report.legend(results)))
+    if args.out:
+        report.write_json(args.out, run)
+        print(f"wrote {args.out}")
+    return 1 if any(r["status"] == "error" for r in results) else 0
+
+
+def _run(selected, size, records, sessions, available, profile_dir) -> list[dict]:
+    print(f"size {size.name}: {size.windows} timed windows per side, {size.warmup_windows} warm-up", flush=True)
+    print(report.header(), flush=True)
+    results = []
+    for record in runner.run(selected, size, records, sessions, available, profile_dir=profile_dir):
+        print(report.row(record), flush=True)
+        results.append(record)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

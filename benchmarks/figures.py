@@ -1,0 +1,83 @@
+"""The figures: which two sides are compared, on which setting, against which target.
+
+Targets are those agreed for `--quick` on a 2-core machine; figures without a target are information.
+"""
+
+from __future__ import annotations
+
+from benchmarks.plan import Figure, Setting, Side, Size
+
+TOWERFLOW = Side("towerflow")
+# Shown for `--only` and in the table; the figure names are the API of this package (JSON keys, tests).
+NAMES = (
+    "tower1_vs_plain",
+    "tower2_vs_mirrored",
+    "tower4_vs_mirrored",
+    "tfrecord_vs_memory",
+    "deterministic_vs_default",
+    "histograms_every_100_vs_none",
+    "async2_vs_sync2",
+    "async4_vs_sync4",
+    "xla_vs_default",
+    "bf16_vs_fp32",
+    "fp16_vs_fp32",
+)
+# Figures also run on the compute-bound setting (full run); the others take too long there: 100-step
+# histogram windows of 0.3 s steps, fp16 without CPU kernels, async threads at 4 towers.
+HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tfrecord_vs_memory",
+         "deterministic_vs_default", "xla_vs_default", "bf16_vs_fp32")  # fmt: skip
+
+
+def figures(setting: Setting, size: Size) -> list[Figure]:
+    """Every figure of `setting`, in the order they run and print."""
+    every = size.histogram_every_steps
+    hist_name = "histograms_every_100_vs_none"
+    found = [
+        Figure("tower1_vs_plain", setting, TOWERFLOW, Side("plain"), target=0.97),
+        Figure("tower2_vs_mirrored", setting, Side("towerflow", 2), Side("mirrored", 2), target=1.0),
+        Figure("tower4_vs_mirrored", setting, Side("towerflow", 4), Side("mirrored", 4), target=1.0),
+        Figure("tfrecord_vs_memory", setting, Side("towerflow", input="tfrecord"), TOWERFLOW, target=0.95),
+        # Two towers: the determinism contract is about tower counts, and its ordered sums need two.
+        Figure(
+            "deterministic_vs_default",
+            setting,
+            Side("towerflow", 2, deterministic=True),
+            Side("towerflow", 2),
+            target=0.9,
+        ),
+        # A window is one histogram period, so each timed window pays for exactly one histogram write.
+        Figure(hist_name, setting, Side("towerflow", histogram_every_steps=every), TOWERFLOW, 0.95, fixed_steps=every),
+        *[
+            Figure(
+                f"async{n}_vs_sync{n}",
+                setting,
+                Side("towerflow", n, update_mode="async"),
+                Side("towerflow", n),
+                requires="async",
+                group="async_vs_sync",
+            )
+            for n in (2, 4)
+        ],
+        Figure("xla_vs_default", setting, Side("towerflow", jit_compile=True), TOWERFLOW),
+        Figure("bf16_vs_fp32", setting, Side("towerflow", mixed_precision="bf16"), TOWERFLOW),
+        Figure("fp16_vs_fp32", setting, Side("towerflow", mixed_precision="fp16"), TOWERFLOW),
+    ]
+    assert tuple(f.name for f in found) == NAMES
+    if setting.data != "digits":
+        found = [f for f in found if f.name in HEAVY]
+    return found
+
+
+def select(all_figures: list[Figure], only: list[str]) -> list[Figure]:
+    """The figures named in `only` (a figure's name or group); all of them when `only` is empty.
+
+    Raises:
+      ValueError: a name that is no figure or group, listing the valid names.
+    """
+    if not only:
+        return all_figures
+    known = set(NAMES) | {f.group for f in all_figures if f.group}
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise ValueError(f"--only: unknown figure(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    return [f for f in all_figures if f.name in only or f.group in only]

@@ -1,0 +1,112 @@
+"""What a benchmark run measures: workloads (settings), the two sides of a figure, and run sizes.
+
+Plain frozen dataclasses without TensorFlow: the parent process builds them, and sends sides to workers
+as JSON (`dataclasses.asdict`), which rebuild them with `Side(**fields)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One workload: a model, its data and the global batch, the same for both sides of every figure."""
+
+    name: str
+    model: str
+    example_shape: tuple[int, ...]
+    num_classes: int
+    global_batch_size: int
+    data: str  # "digits" (the built-in 8x8 digits) or "synthetic" (data.prepare synthetic, cached)
+    num_examples: int  # train examples (synthetic only; the digits have 1437)
+
+    def describe(self) -> str:
+        shape = "x".join(str(d) for d in self.example_shape)
+        return f"{self.model}, {shape} {self.data}, global batch {self.global_batch_size}"
+
+
+SETTINGS = {
+    # The project's default workload. 8x8 images, but 128 of them through two 3x3 convs (32 and 64 filters)
+    # is ~20 ms of compute per step on 2 cores, so per-step dispatch overhead is a few percent, not all.
+    "cnn-digits": Setting("cnn-digits", "cnn", (8, 8, 1), 10, 128, "digits", 1437),
+    # Compute-bound: ~0.3 s per step on 2 cores, per-step overhead is noise; shows what the towers cost.
+    "resnet20-synth": Setting("resnet20-synth", "resnet20", (32, 32, 3), 10, 64, "synthetic", 2048),
+    # For --smoke, which checks that every figure runs: the mlp traces in half the time of the cnn.
+    "mlp-digits-b32": Setting("mlp-digits-b32", "mlp", (8, 8, 1), 10, 32, "digits", 1437),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of a figure: a training loop and its options, built once per worker and timed in windows.
+
+    kind: "towerflow" (trainer.run.build), "plain" (a single-device tf.function step) or "mirrored"
+    (tf.distribute.MirroredStrategy custom loop).
+    """
+
+    kind: str
+    towers: int = 1
+    input: str = "memory"  # "memory": decoded batches held in memory; "tfrecord": the normal reader
+    deterministic: bool = False
+    jit_compile: bool = False
+    mixed_precision: str = ""
+    update_mode: str = "sync"
+    histogram_every_steps: int = 0  # >0: every window ends with gradient+weight histograms
+
+    def label(self) -> str:
+        if self.kind != "towerflow":
+            return f"{self.kind} ({self.towers} device{'s' if self.towers > 1 else ''})"
+        options = [f"{self.towers} tower{'s' if self.towers > 1 else ''}", self.input]
+        options += [self.update_mode] if self.update_mode != "sync" else []
+        options += ["deterministic"] if self.deterministic else []
+        options += ["xla"] if self.jit_compile else []
+        options += [self.mixed_precision] if self.mixed_precision else []
+        options += [f"histograms/{self.histogram_every_steps}"] if self.histogram_every_steps else []
+        return "towerflow " + ", ".join(options)
+
+    @property
+    def session_key(self) -> tuple[int, bool]:
+        """Process-wide state a worker is started with: logical device count and op determinism."""
+        return (self.towers, self.deterministic)
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """towerflow (side `a`) against a reference (side `b`): ratio = median(a) / median(b) in examples/sec."""
+
+    name: str
+    setting: Setting
+    a: Side
+    b: Side
+    target: float | None = None
+    fixed_steps: int = 0  # >0: every window has exactly this many steps (instead of calibrating to seconds)
+    requires: str = ""  # "async": measured only when trainer.config.UPDATE_MODES has it
+    group: str = ""  # a name `--only` also accepts, shared by related figures
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.setting.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """How long a run measures: timed windows per side, warm-up, and the seconds a window aims at."""
+
+    name: str
+    windows: int
+    warmup_windows: int
+    window_sec: float  # 0: every window has `min_steps` steps
+    min_steps: int
+    histogram_every_steps: int
+    settings: tuple[str, ...]
+
+
+SIZES = {
+    "smoke": Size("smoke", windows=3, warmup_windows=0, window_sec=0.0, min_steps=2, histogram_every_steps=2,
+                  settings=("mlp-digits-b32",)),
+    "quick": Size("quick", windows=7, warmup_windows=1, window_sec=0.6, min_steps=2, histogram_every_steps=100,
+                  settings=("cnn-digits",)),
+    "full": Size("full", windows=11, warmup_windows=1, window_sec=1.0, min_steps=2, histogram_every_steps=100,
+                 settings=("cnn-digits", "resnet20-synth")),
+}  # fmt: skip

@@ -1,0 +1,112 @@
+"""What a run prints and writes: the machine, the versions, and one row per figure."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _first_line_with(path: str, prefix: str) -> str:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(prefix):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=_REPO_ROOT, capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def environment(worker_info: dict, started: str, load_average_start: list[float]) -> dict:
+    """Machine, versions and load: enough to tell whether two result files are comparable."""
+    return {
+        "date": started,
+        "date_end": now(),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": _first_line_with("/proc/cpuinfo", "model name"),
+        "memory": _first_line_with("/proc/meminfo", "MemTotal"),
+        "python": platform.python_version(),
+        "tensorflow": worker_info.get("tensorflow", "unknown"),
+        "keras": worker_info.get("keras", "unknown"),
+        "git_commit": _git("rev-parse", "HEAD"),
+        # The trainer may be edited while benchmarks run; a dirty tree means the commit is not the whole story.
+        "git_dirty_paths": _git("status", "--porcelain").splitlines(),
+        "load_average_start": load_average_start,
+        "load_average_end": list(os.getloadavg()),
+    }
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+_COLUMNS = (
+    ("figure", 28),
+    ("setting", 14),
+    ("ratio", 6),
+    ("target", 8),
+    ("result", 13),
+    ("towerflow ex/s", 14),
+    ("reference ex/s", 14),
+    ("windows", 9),
+    ("pair IQR", 11),
+)
+
+
+def header() -> str:
+    return "  ".join(f"{name:<{width}}" for name, width in _COLUMNS)
+
+
+def row(record: dict) -> str:
+    """One line of the table for one figure record (see `runner.result`)."""
+    target = f">= {record['target']:.2f}" if record["target"] is not None else "-"
+    if record["status"] != "ok":
+        cells = [record["name"], record["setting"], "-", target, record["status"], "", "", "", ""]
+    else:
+        verdict = "-" if record["passed"] is None else ("PASS" if record["passed"] else "MISS")
+        q25, q75 = record["pair_ratio_iqr"]
+        cells = [
+            record["name"],
+            record["setting"],
+            f"{record['ratio']:.3f}",
+            target,
+            verdict,
+            _number(record["a"]["median_examples_per_sec"]),
+            _number(record["b"]["median_examples_per_sec"]),
+            f"{record['windows']}x{record['steps_per_window']}",
+            f"{q25:.2f}-{q75:.2f}",
+        ]
+    return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _COLUMNS, strict=True))
+
+
+def legend(records: list[dict]) -> list[str]:
+    """What each figure compares (A / B) and its setting; errors with their last line."""
+    lines = []
+    for record in records:
+        line = f"{record['name']} [{record['setting_text']}]: A = {record['a']['label']}; B = {record['b']['label']}"
+        if record["status"] == "error":
+            line += f"\n    error: {record['error'].strip().splitlines()[-1]}"
+        lines.append(line)
+    return lines
+
+
+def write_json(path: str, run: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(run, f, indent=1)
+        f.write("\n")

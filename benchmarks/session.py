@@ -1,0 +1,162 @@
+"""Parent side of the worker protocol: start workers, build sides in them, ask for windows.
+
+A worker's stderr (TensorFlow's log) goes to a file, shown in the error when the worker fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks.plan import Setting, Side
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LOG_TAIL_CHARS = 4000
+
+
+def side_id(side: Side, setting: Setting) -> str:
+    """The key a built side is known by in its worker."""
+    return json.dumps([dataclasses.asdict(side), setting.name], sort_keys=True)
+
+
+class WorkerError(RuntimeError):
+    """A command failed in a worker, or the worker died; the message holds its traceback or log tail."""
+
+
+class Session:
+    """One worker process: `devices` logical CPUs, op determinism on or off."""
+
+    def __init__(self, key: tuple[int, bool], log_dir: str):
+        self.key = key
+        num_devices, deterministic = key
+        self.log_path = os.path.join(log_dir, f"worker-{num_devices}{'-deterministic' if deterministic else ''}.log")
+        command = [sys.executable, "-m", "benchmarks.worker", f"--devices={num_devices}"]
+        command += ["--deterministic"] if deterministic else []
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=_REPO_ROOT
+            )
+        self.built: set[str] = set()
+        self.info: dict | None = None
+
+    def ready(self) -> dict:
+        """Waits for the worker's first line (TensorFlow imported, devices configured); returns its info."""
+        if self.info is None:
+            self.info = self._read()
+        return self.info
+
+    def call(self, cmd: str, **fields) -> dict:
+        """Sends one command and returns its reply. Raises WorkerError when it failed."""
+        self.send(cmd, **fields)
+        return self.receive()
+
+    def send(self, cmd: str, **fields) -> None:
+        """Sends a command without waiting: replies come back in order, through `receive`."""
+        self.ready()
+        try:
+            self.process.stdin.write(json.dumps({"cmd": cmd, **fields}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            raise WorkerError(f"worker {self.key} is gone:\n{self._log_tail()}") from None
+
+    def receive(self) -> dict:
+        return self._read()
+
+    def send_build(self, side: Side, setting: Setting, records: dict, trace_steps: int) -> str | None:
+        """Sends the build of `side` (its reply must then be received) unless it is built; returns its id,
+        or None when there is nothing to receive."""
+        key = side_id(side, setting)
+        if key in self.built:
+            return None
+        fields = {"side": dataclasses.asdict(side), "setting": dataclasses.asdict(setting), "records": records}
+        self.send("build", side_id=key, trace_steps=trace_steps, **fields)
+        self.built.add(key)  # a failed build is discarded again by `receive_build`
+        return key
+
+    def receive_build(self, key: str) -> dict:
+        try:
+            return self.receive()
+        except WorkerError:
+            self.built.discard(key)
+            raise
+
+    def build(self, side: Side, setting: Setting, records: dict, trace_steps: int) -> str:
+        """Builds and traces `side` for `setting` unless this worker already has it; returns its id."""
+        key = self.send_build(side, setting, records, trace_steps)
+        if key is not None:
+            self.receive_build(key)
+        return side_id(side, setting)
+
+    def drop(self, side: Side, setting: Setting) -> None:
+        """Frees a built side (an async side's tower threads stop)."""
+        key = side_id(side, setting)
+        if key in self.built and self.alive():
+            self.call("drop", side_id=key)
+        self.built.discard(key)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def request_exit(self) -> None:
+        if self.alive():
+            try:
+                self.process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def wait(self, timeout_sec: float = 60) -> None:
+        try:
+            self.process.wait(timeout=timeout_sec)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            raise WorkerError(f"worker {self.key} exited ({self.process.returncode}):\n{self._log_tail()}")
+        reply = json.loads(line)
+        if not reply.pop("ok"):
+            raise WorkerError(reply["error"])
+        return reply
+
+    def _log_tail(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-_LOG_TAIL_CHARS:]
+
+
+class Sessions:
+    """The workers of a run, by (devices, deterministic); a dead one is replaced on next use."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.sessions: dict[tuple[int, bool], Session] = {}
+
+    def start(self, keys) -> None:
+        """Starts the workers for `keys` at once, so their TensorFlow imports overlap."""
+        for key in keys:
+            self.get(key, wait=False)
+
+    def get(self, key: tuple[int, bool], wait: bool = True) -> Session:
+        session = self.sessions.get(key)
+        if session is None or not session.alive():
+            session = self.sessions[key] = Session(key, self.log_dir)
+        if wait:
+            session.ready()
+        return session
+
+    def info(self) -> dict:
+        """Versions and update modes, from any worker (the parent imports no TensorFlow)."""
+        return next(iter(self.sessions.values())).ready() if self.sessions else {}
+
+    def close(self) -> None:
+        """Asks every worker to exit, then waits for all (their shutdowns overlap)."""
+        for session in self.sessions.values():
+            session.request_exit()
+        for session in self.sessions.values():
+            session.wait()

@@ -1,0 +1,94 @@
+"""Building the side of a figure inside a worker: towerflow through its public `build()`, or a reference.
+
+Every side has `window(steps) -> (seconds, examples)` and `close()`. A step is one global batch, whatever
+the side: an async towerflow side applies global_batch / micro_batch updates per step, so both sides of
+a figure train on the same number of examples per window.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from benchmarks import inputs, reference
+from benchmarks.plan import Setting, Side
+from trainer.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, TowerConfig
+from trainer.run import build
+from trainer.summaries import Summaries, variable_tags
+
+
+def run_config(side: Side, setting: Setting, records: dict, model_dir: str) -> RunConfig:
+    """towerflow's config for `side`: the reference's optimizer, logical CPU towers, nothing but training."""
+    return RunConfig(
+        data=inputs.data_config(setting, records),
+        model=ModelConfig(setting.model),
+        optimizer=OptimizerConfig(
+            name="momentum", learning_rate=reference.LEARNING_RATE, momentum=reference.MOMENTUM, schedule="constant"
+        ),
+        towers=TowerConfig(
+            num_towers=side.towers,
+            device="cpu",
+            parameter_device="cpu",
+            global_batch_size=setting.global_batch_size,
+            update_mode=side.update_mode,
+            jit_compile=side.jit_compile,
+            mixed_precision=side.mixed_precision,
+        ),
+        loop=LoopConfig(model_dir=model_dir, train_steps=10**9, histogram_every_steps=side.histogram_every_steps),
+        seed=reference.SEED,
+        deterministic=side.deterministic,
+    )
+
+
+class TowerflowSide:
+    """A built towerflow Trainer, stepped through `trainer.mode.train_steps` as `trainer.loop.Loop` does."""
+
+    def __init__(self, side: Side, setting: Setting, records: dict, model_dir: str):
+        config = run_config(side, setting, records, model_dir)
+        dataset = None
+        if side.input == "memory":
+            async_mode = side.update_mode == "async"  # async towers each read micro-batches
+            batch = config.towers.micro_batch_size if async_mode else setting.global_batch_size
+            dataset = inputs.memory_dataset(setting, records, batch)
+        self.trainer = build(config, train_dataset=dataset)
+        self.mode = self.trainer.mode
+        # The sync mode calls it `global_batch_size` in older trees; both mean examples per update.
+        per_update = getattr(self.mode, "examples_per_step", None) or self.mode.global_batch_size
+        self.updates_per_step = setting.global_batch_size // per_update
+        self.examples_per_update = per_update
+        self.summaries = Summaries(model_dir) if side.histogram_every_steps else None
+        variables = self.trainer.model.trainable_variables
+        self.histogram_args = (variable_tags(variables), variables)
+
+    def window(self, steps: int) -> tuple[float, int]:
+        updates = steps * self.updates_per_step
+        start = time.perf_counter()
+        metrics = self.mode.train_steps(updates, want_gradients=self.summaries is not None)
+        gradients = metrics.pop("gradients", None)
+        for value in metrics.values():
+            np.asarray(value)  # waits for the device, as the loop does
+        if self.summaries is not None:
+            step = int(self.mode.global_step.numpy())
+            self.summaries.histograms(step, self.histogram_args[0], gradients, self.histogram_args[1])
+        return time.perf_counter() - start, updates * self.examples_per_update
+
+    def close(self) -> None:
+        close = getattr(self.mode, "close", None)  # the async mode stops its tower threads
+        if close is not None:
+            close()
+        if self.summaries is not None:
+            self.summaries.close()
+
+
+def make_side(side: Side, setting: Setting, records: dict, work_dir: str):
+    """Builds `side`; `work_dir` is a fresh directory for its model_dir (event files of histogram sides)."""
+    if side.kind == "towerflow":
+        return TowerflowSide(side, setting, records, os.path.join(work_dir, "model"))
+    dataset = inputs.memory_dataset(setting, records, setting.global_batch_size)
+    if side.kind == "plain":
+        return reference.PlainSide(setting, dataset)
+    if side.kind == "mirrored":
+        return reference.MirroredSide(setting, dataset, side.towers)
+    raise ValueError(f"unknown side kind {side.kind!r}")

@@ -1,0 +1,87 @@
+"""The benchmark harness: the timing helpers, and `python -m benchmarks --smoke` end to end (JSON structure only;
+timings are not asserted, this machine is too noisy for that)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import figures, timing
+from benchmarks.plan import SETTINGS, SIZES
+from trainer import config
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_alternate_runs_a_then_b_and_takes_the_ratio_of_medians():
+    calls = []
+
+    def window(name, seconds):
+        def run(steps):
+            calls.append((name, steps))
+            return seconds.pop(0), 100 * steps
+
+        return run
+
+    comparison = timing.alternate(window("a", [1.0, 2.0, 1.0]), window("b", [2.0, 2.0, 4.0]), steps=5, windows=3)
+    assert calls == [("a", 5), ("b", 5)] * 3
+    assert comparison.a_rates == [500.0, 250.0, 500.0]
+    assert comparison.ratio == pytest.approx(500.0 / 250.0)
+    assert comparison.pair_ratios == [2.0, 1.0, 4.0]
+
+
+def test_calibrate_aims_at_the_window_length_within_bounds():
+    assert timing.calibrate(0.02, 0.6, min_steps=2) == 30
+    assert timing.calibrate(5.0, 0.6, min_steps=2) == 2
+    assert timing.calibrate(1e-6, 0.6, min_steps=2, max_steps=100) == 100
+    assert timing.calibrate(0.02, 0.0, min_steps=3) == 3
+
+
+def test_only_accepts_figure_names_and_groups():
+    setting, size = SETTINGS["cnn-digits"], SIZES["quick"]
+    all_figures = figures.figures(setting, size)
+    assert [f.name for f in figures.select(all_figures, ["async_vs_sync"])] == ["async2_vs_sync2", "async4_vs_sync4"]
+    with pytest.raises(ValueError, match="unknown figure"):
+        figures.select(all_figures, ["tower3_vs_plain"])
+
+
+def _check_measured(record: dict, windows: int, steps: int) -> None:
+    assert isinstance(record["ratio"], float) and math.isfinite(record["ratio"]) and record["ratio"] > 0
+    assert record["windows"] == windows and record["steps_per_window"] == steps
+    for side in ("a", "b"):
+        rates = record[side]["examples_per_sec"]
+        assert len(rates) == windows and all(math.isfinite(r) and r > 0 for r in rates)
+        assert record[side]["median_examples_per_sec"] > 0
+    assert (record["passed"] is None) == (record["target"] is None)
+
+
+def test_smoke_run_writes_every_figure(tmp_path):
+    out = tmp_path / "smoke.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads(out.read_text())
+    size = SIZES["smoke"]
+    assert run["size"]["windows"] == size.windows
+    for key in ("date", "nproc", "cpu_model", "tensorflow", "keras", "python", "command", "load_average_start"):
+        assert run["environment"][key] not in (None, "", "unknown"), key
+    by_name = {record["name"]: record for record in run["figures"]}
+    assert list(by_name) == list(figures.NAMES)
+    async_available = "async" in config.UPDATE_MODES
+    for name, record in by_name.items():
+        assert record["setting"] == size.settings[0]
+        if name.startswith("async") and not async_available:
+            assert record["status"] == "not available" and record["ratio"] is None
+            continue
+        assert record["status"] == "ok", record.get("error")
+        steps = size.histogram_every_steps if name.startswith("histograms") else size.min_steps
+        _check_measured(record, size.windows, steps)
