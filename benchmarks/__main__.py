@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import signal
 import sys
 import tempfile
 
@@ -57,7 +58,13 @@ def _size(args: argparse.Namespace, parser: argparse.ArgumentParser):
     return size
 
 
+def _exit_on_sigterm(signum, frame):
+    # SystemExit unwinds through the `finally` that stops the workers; the default action would not.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args(argv)
     size = _size(args, parser)
@@ -73,13 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     started, load_start = report.now(), list(os.getloadavg())  # other work on the machine skews every figure
     with tempfile.TemporaryDirectory(prefix="towerflow-bench-logs-") as log_dir:
         sessions = Sessions(log_dir)
+        graceful = False
         try:
             runner.start_workers(selected, available, sessions)  # they import TensorFlow meanwhile
             records = {s.name: records_lib.ensure_records(s) for s in {f.setting for f in selected}}
             results = _run(selected, size, records, sessions, available, args.profile)
             env = report.environment(sessions.info(), started, load_start)
+            graceful = True
         finally:
-            sessions.close()
+            sessions.close(graceful)
     env["command"] = command
     run = {"size": dataclasses.asdict(size), "environment": env, "figures": results}
     print("\n".join(report.legend(results)))

@@ -154,9 +154,13 @@ class Sessions:
         """Versions and update modes, from any worker (the parent imports no TensorFlow)."""
         return next(iter(self.sessions.values())).ready() if self.sessions else {}
 
-    def close(self) -> None:
-        """Asks every worker to exit, then waits for all (their shutdowns overlap)."""
+    def close(self, graceful: bool = True) -> None:
+        """Asks every worker to exit, then waits for all (their shutdowns overlap). Not `graceful` (the run
+        was interrupted): SIGTERM at once, instead of after the commands already queued (builds, a window)."""
         for session in self.sessions.values():
-            session.request_exit()
+            if graceful:
+                session.request_exit()
+            elif session.alive():
+                session.process.terminate()
         for session in self.sessions.values():
             session.wait()

@@ -13,9 +13,11 @@ else TensorFlow or Keras prints is sent to stderr, so it cannot corrupt a reply.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -116,21 +118,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices", type=int, default=1, help="logical CPU devices")
     parser.add_argument("--deterministic", action="store_true", help="hosts the sides with deterministic=True")
     args = parser.parse_args(argv)
+    # SIGTERM (the parent was interrupted) unwinds like an error: sides closed, work directory removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     replies = _reply_stream()
     from trainer import devices  # imports TensorFlow
 
     devices.configure_logical_cpus(args.devices)  # before any op runs
     server = Server(args.devices, args.deterministic)
+    code = 0
     try:
         replies.write(json.dumps({"ok": True, **server.info()}) + "\n")
         serve(server, sys.stdin, replies)
+    except BrokenPipeError:
+        code = 1  # the parent is gone: nobody to answer, just clean up
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     finally:
         server.close()
-        replies.close()
-    # TensorFlow's interpreter teardown takes seconds to tens of seconds with many functions traced; there
-    # is nothing left to flush (sides are closed, event files written), so skip it.
+        with contextlib.suppress(OSError):
+            replies.close()
+    # Always leave through os._exit: TensorFlow's interpreter teardown takes seconds to minutes with many
+    # functions traced (or hangs on a pipe the parent no longer reads); sides are closed, event files written.
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":
