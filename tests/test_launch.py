@@ -11,8 +11,15 @@ from launch.cluster import TaskLayout, require_single_task, task_layout
     "environ, expected",
     [
         ({}, TaskLayout(1, 0, "none")),
-        ({"SLURM_NTASKS": "4", "SLURM_PROCID": "3"}, TaskLayout(4, 3, "slurm")),
-        ({"SLURM_NPROCS": "2"}, TaskLayout(2, 0, "slurm")),
+        # an srun step of 4 tasks
+        (
+            {"SLURM_JOB_ID": "9", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"},
+            TaskLayout(4, 3, "slurm"),
+        ),
+        # the batch script of an allocation of 2 tasks runs one process
+        ({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, TaskLayout(1, 0, "slurm")),
+        # an `srun --ntasks=1` step inside that allocation
+        ({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "1"}, TaskLayout(1, 0, "slurm")),
         (
             {
                 "TF_CONFIG": json.dumps(
@@ -28,8 +35,8 @@ def test_task_layout(environ, expected):
 
 
 def test_single_task_passes_and_many_tasks_are_refused_with_the_fix():
-    require_single_task({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})
-    with pytest.raises(ValueError, match=r"starts 2 tasks \(slurm\).*#SBATCH --ntasks=1"):
-        require_single_task({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"})
+    require_single_task({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"})
+    with pytest.raises(ValueError, match=r"step starts 2 tasks \(slurm\).*one task per job step"):
+        require_single_task({"SLURM_JOB_ID": "9", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"})
     with pytest.raises(ValueError, match="TF_CONFIG is not valid JSON"):
         require_single_task({"TF_CONFIG": "{not json"})

@@ -1,22 +1,28 @@
 """`python -m trainer`: flags -> RunConfig -> train. The only place that reads absl FLAGS.
 
-Flags are validated before TensorFlow is imported (which takes seconds), so bad input fails at once.
+Stop signals are handled from the first line (before TensorFlow is imported, which takes seconds), and flags
+are validated before that import too, so bad input fails at once. Exit codes: `trainer.stop`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
-from absl import app, flags, logging
+from trainer import stop
+
+stop.REQUEST.install()  # a SIGTERM while TensorFlow imports must still end the run cleanly
+
+import dataclasses  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
 
 # TensorFlow's C++ INFO lines (CUDA stubs, CPU features) bury the training log; warnings still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from launch import cluster
-from trainer import config as cfg
-from trainer import flags as tf_flags
+from launch import cluster  # noqa: E402
+from trainer import config as cfg  # noqa: E402
+from trainer import flags as tf_flags  # noqa: E402
 
 tf_flags.define_flags()
 FLAGS = flags.FLAGS
@@ -30,24 +36,22 @@ def main(argv: list[str]) -> int:
         cluster.require_single_task(os.environ)
     except ValueError as e:  # ConfigError, or a multi-task job
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return stop.EXIT_USAGE
     logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures) likewise
     config = dataclasses.replace(config, flags_text=tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
 
     from data import DataError  # noqa: PLC0415 (deferred: keeps flag errors fast)
     from models import ModelError  # noqa: PLC0415
-    from trainer.loop import StopRequested  # noqa: PLC0415
     from trainer.run import train  # noqa: PLC0415 (imports TensorFlow)
 
     try:
         train(config)
     except (cfg.ConfigError, DataError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except StopRequested as e:
-        print(str(e), file=sys.stderr)
-        return 130
-    return 0
+        return stop.EXIT_USAGE
+    except stop.StopRequested:
+        return stop.EXIT_RESUMABLE  # train() logged the stop and what happens next
+    return stop.EXIT_OK
 
 
 if __name__ == "__main__":

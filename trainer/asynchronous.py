@@ -63,8 +63,10 @@ class AsyncUpdate:
         self.staleness_all: list[int] = []
         self._threads: list[threading.Thread] = []
 
-    def train_steps(self, num_steps: int, want_gradients: bool = False) -> dict:
-        """Applies exactly `num_steps` updates over all towers; returns the window's metrics (numpy).
+    def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
+        """Applies exactly `num_steps` updates over all towers, or fewer when `should_stop()` turns true
+        (then the updates in flight land and no other starts); returns `steps` (how many were applied) and
+        the window's metrics (numpy).
 
         Raises:
           TowerFailed: a tower raised; names the tower. Every tower is stopped first.
@@ -73,11 +75,14 @@ class AsyncUpdate:
             self._start_threads()
         self._records, self._tower_sec = [], [[] for _ in self.placement.towers]
         self.gate.open_window(num_steps)
-        self.gate.wait_window()
+        self.gate.wait_window(should_stop=should_stop)
         records = sorted(self._records)  # by step: a fixed order for the sums below
+        if len(records) < num_steps:
+            return {"steps": len(records)}  # cut short by a stop request: the run checkpoints and ends
         staleness = np.array([r[3] for r in records], np.int64)
         self.staleness_all.extend(staleness.tolist())
         metrics = {
+            "steps": num_steps,
             "loss": float(np.mean([r[1] for r in records])),
             "accuracy": float(np.sum([r[2] for r in records])) / (num_steps * self.examples_per_step),
             "learning_rate": float(self._last_apply["learning_rate"]),

@@ -90,6 +90,7 @@ class LoopConfig:
     keep_checkpoints: int = 3
     export: bool = True
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
+    max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +170,7 @@ def _validate_loop(lp: LoopConfig) -> None:
             f"--profile_steps ({a},{b}) must be A,B with 0 <= A < B <= --train_steps ({lp.train_steps})",
         )
     _require(lp.keep_checkpoints >= 1, f"--keep_checkpoints ({lp.keep_checkpoints}) must be at least 1")
+    _require(lp.max_requeues >= 0, f"--max_requeues ({lp.max_requeues}) must be >= 0 (0: never requeue)")
 
 
 def _validate_data(d: DataConfig) -> None:

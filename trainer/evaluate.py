@@ -21,10 +21,13 @@ class Evaluator:
         self.make_dataset = make_dataset  # () -> finite dataset of (features, labels)
         self._eval_fn = tf.function(self._batch_sums)
 
-    def evaluate(self) -> dict:
-        """Returns {"eval_loss", "eval_accuracy", "eval_examples"} as Python numbers."""
+    def evaluate(self, should_stop=None) -> dict | None:
+        """Returns {"eval_loss", "eval_accuracy", "eval_examples"} as Python numbers, or None when
+        `should_stop()` turned true between two batches (a stop request does not wait for a long eval)."""
         loss_sum, correct, count = 0.0, 0, 0
         for features, labels in self.make_dataset():
+            if should_stop is not None and should_stop():
+                return None
             batch_loss, batch_correct = self._eval_fn(features, labels)
             loss_sum += float(batch_loss)
             correct += int(batch_correct)

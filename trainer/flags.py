@@ -11,7 +11,9 @@ from trainer import config as cfg
 
 
 def define_flags() -> None:
-    """Defines every flag on absl's global FLAGS (idempotent per process through absl's registry)."""
+    """Defines every flag on absl's global FLAGS; a second call in the same process does nothing."""
+    if "num_gpus" in flags.FLAGS:
+        return
     _define_tower_flags()
     _define_data_flags()
     _define_optimizer_flags()
@@ -148,6 +150,13 @@ def _define_loop_flags() -> None:
         "model_dir/train (TensorBoard's Profile tab, with tensorboard-plugin-profile).",
     )
     flags.DEFINE_integer("keep_checkpoints", 3, "Newest checkpoints kept.")
+    flags.DEFINE_integer(
+        "max_requeues",
+        3,
+        "Under Slurm: on SIGUSR1/SIGUSR2 (the time-limit warning, sbatch --signal=B:USR1@T) the run "
+        "checkpoints and requeues its job with `scontrol requeue`, at most this many times per job; 0: never. "
+        "Preemption (SIGTERM) requeues are Slurm's own (--requeue) and not counted.",
+    )
     flags.DEFINE_bool("export", True, "Export a SavedModel to model_dir/export at the end.")
 
 
@@ -227,6 +236,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.keep_checkpoints,
             f.export,
             _profile_steps(f.profile_steps),
+            f.max_requeues,
         ),
         seed=f.seed,
         deterministic=f.deterministic,

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 
+from trainer import stop as stop_lib
 from trainer.config import LoopConfig
 
 
@@ -45,27 +45,30 @@ class Throughput:
         self.examples += examples
         self.seconds += seconds
 
+    def totals(self) -> tuple[int, float]:
+        """(examples, seconds) that `examples_per_sec` is over."""
+        return (self.examples, self.seconds) if self.seconds else (self.first_window or (0, 0.0))
+
     @property
     def examples_per_sec(self) -> float:
-        examples, seconds = (self.examples, self.seconds) if self.seconds else (self.first_window or (0, 0.0))
+        examples, seconds = self.totals()
         return examples / seconds if seconds else 0.0
-
-
-class StopRequested(Exception):
-    """SIGINT/SIGTERM arrived; the loop checkpointed at the last step boundary."""
 
 
 class Loop:
     """Drives an update mode to `config.train_steps`.
 
     Args:
-      mode: has `train_steps(n, want_gradients) -> dict of tensors`, `global_step`, `examples_per_step`.
+      mode: has `train_steps(n, want_gradients, should_stop) -> dict` (`steps` run, then tensors),
+        `global_step`, `examples_per_step`.
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.
       summaries: `trainer.summaries.Summaries`.
       histogram_variables / histogram_tags: what the gradient histograms are of.
       log: callable taking one line of text.
+      stop: the stop request the loop honours after every step (`trainer.stop.REQUEST` by default).
+      on_checkpoint: called with the step after every checkpoint save (e.g. to record the attempt).
     """
 
     def __init__(
@@ -78,6 +81,8 @@ class Loop:
         histogram_variables,
         histogram_tags,
         log=print,
+        stop: stop_lib.StopRequest | None = None,
+        on_checkpoint=None,
     ):
         self.mode = mode
         self.config = config
@@ -91,44 +96,78 @@ class Loop:
         self.throughput = Throughput()
         self.last_train: dict = {}
         self.last_eval: dict = {}
-        self._stop_signal: int | None = None
+        self.stop = stop or stop_lib.REQUEST
+        self.on_checkpoint = on_checkpoint or (lambda step: None)
+        self.start_step: int | None = None
+        self.training_since: float | None = None  # time.monotonic() when run() began
         self._progress = sys.stdout.isatty()
 
     def run(self) -> dict:
         """Trains to the step budget; returns the last train and eval metrics (Python numbers).
 
+        The final checkpoint is written before the final eval, so a signal or a kill during that eval
+        loses no training.
+
         Raises:
-          StopRequested: after checkpointing, when SIGINT or SIGTERM arrived.
+          StopRequested: a stop signal arrived; the loop checkpointed at the step boundary after it.
         """
         c = self.config
         cadences = [c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps, c.histogram_every_steps]
-        step = self._step()
-        with _StopOnSignal(self):
-            while step < c.train_steps:
-                n = steps_to_next_event(step, c.train_steps, cadences, c.profile_steps or ())
-                self._train_window(step, n)
-                step = self._step()
+        step = self.start_step = self._step()
+        self.training_since = time.monotonic()
+        while step < c.train_steps:
+            self._stop_if_requested(step)
+            n = steps_to_next_event(step, c.train_steps, cadences, c.profile_steps or ())
+            ran = self._train_window(step, n)
+            step = self._step()
+            self._stop_if_requested(step)  # before any event due at this step
+            if ran == n:
                 self._events(step)
-                if self._stop_signal is not None:
-                    self.checkpointer.save()
-                    raise StopRequested(f"stopped by signal {self._stop_signal} at step {step}; checkpoint saved")
+        self._save(step)
         if not self.last_eval or self.last_eval.get("step") != step:
-            self._evaluate(step)
-        self.checkpointer.save()
+            self._evaluate(step, final=True)
         return {"global_step": step, **self.last_train, **self.last_eval}
+
+    def _stop_if_requested(self, step: int) -> None:
+        if not self.stop.requested:
+            return
+        self._clear_progress()
+        if step > self.start_step:
+            path = self._save(step)
+            what = f"checkpoint {path} saved"
+        else:
+            what = "no step trained since the start, nothing to save"
+        raise stop_lib.StopRequested(
+            f"stopped by {self.stop.describe()} at step {step}; {what}. Rerun the same command to resume.",
+            self.stop.signum,
+            step,
+            signalled_while_training=(self.stop.first_at or 0.0) >= self.training_since,
+        )
+
+    def _save(self, step: int) -> str:
+        path = self.checkpointer.save()
+        self.on_checkpoint(step)
+        return path
 
     def _step(self) -> int:
         return int(self.mode.global_step.numpy())
 
-    def _train_window(self, step: int, n: int) -> None:
+    def _train_window(self, step: int, n: int) -> int:
+        """Runs up to `n` steps (fewer when a stop is requested); returns how many ran. A cut window's
+        metrics are not written: the run checkpoints and stops next."""
         want_histograms = is_time(step + n, self.config.histogram_every_steps)
         start = time.perf_counter()
-        metrics = self.mode.train_steps(n, want_gradients=want_histograms)
+        metrics = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=lambda: self.stop.requested)
+        ran = metrics.pop("steps")
         gradients = metrics.pop("gradients", None)
         staleness = metrics.pop("staleness", None)
         values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the device
         seconds = time.perf_counter() - start
-        self.throughput.add(n * self.examples_per_step, seconds)
+        if ran == 0:
+            return 0
+        self.throughput.add(ran * self.examples_per_step, seconds)
+        if ran < n:
+            return ran
         values["examples_per_sec"] = n * self.examples_per_step / seconds
         self.last_train = {"train_" + k if k in ("loss", "accuracy") else k: v for k, v in values.items()}
         self.last_train["step_sec"] = seconds / n
@@ -138,6 +177,7 @@ class Loop:
             self.summaries.staleness(step + n, staleness)
         if gradients is not None:
             self.summaries.histograms(step + n, self.histogram_tags, gradients, self.histogram_variables)
+        return n
 
     def _events(self, step: int) -> None:
         c = self.config
@@ -145,10 +185,10 @@ class Loop:
             self._log_train(step)
         elif self._progress:
             self._progress_bar(step)
+        if is_time(step, c.checkpoint_every_steps):
+            self._save(step)  # before the eval: a save never waits behind one
         if is_time(step, c.eval_every_steps):
             self._evaluate(step)
-        if is_time(step, c.checkpoint_every_steps):
-            self.checkpointer.save()
         self._profile(step)
 
     def _profile(self, step: int) -> None:
@@ -183,10 +223,14 @@ class Loop:
             f"lr {t['learning_rate']:.3g}  {t['examples_per_sec']:,.0f} ex/s  eta {_duration(eta)}"
         )
 
-    def _evaluate(self, step: int) -> None:
+    def _evaluate(self, step: int, final: bool = False) -> None:
+        """Evaluates. An eval during training gives way to a stop request (and the loop then stops); the
+        final one, after the final checkpoint, runs to the end: the run is finished and will not rerun."""
         if self.evaluator is None:
             return
-        values = self.evaluator.evaluate()
+        values = self.evaluator.evaluate(should_stop=None if final else lambda: self.stop.requested)
+        if values is None:
+            self._stop_if_requested(step)
         self._clear_progress()
         self.summaries.scalars("eval", step, {"loss": values["eval_loss"], "accuracy": values["eval_accuracy"]})
         self.last_eval = {**values, "step": step}
@@ -204,35 +248,6 @@ class Loop:
         bar = "#" * int(30 * done)
         sys.stdout.write(f"\r[{bar:<30s}] {step}/{self.config.train_steps}")
         sys.stdout.flush()
-
-
-class _StopOnSignal:
-    """Turns SIGINT/SIGTERM into a request the loop honours at the next step boundary (Slurm sends SIGTERM
-    before it kills a preempted job). A second signal raises at once."""
-
-    def __init__(self, loop: Loop):
-        self.loop = loop
-        self.previous = {}
-
-    def __enter__(self):
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return self  # signals can only be handled in the main thread
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.loop._stop_signal is not None:
-            raise KeyboardInterrupt
-        self.loop._stop_signal = signum
-        self.loop.log(f"signal {signum}: stopping at the next step boundary and checkpointing")
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        return False
 
 
 def _duration(seconds: float) -> str:

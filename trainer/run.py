@@ -15,7 +15,10 @@ import tensorflow as tf
 
 import data
 import models
+from launch import cluster
+from trainer import attempts as attempts_lib
 from trainer import determinism, devices, optim, report
+from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
 from trainer.config import DataConfig, RunConfig, validate
@@ -66,40 +69,92 @@ def _schema(config: DataConfig):
     return None  # auto: the first record decides
 
 
-def train(config: RunConfig) -> dict:
-    """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`."""
-    loop_config = config.loop
+def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
+    """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`.
+
+    Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) are honoured after the current step: the run
+    checkpoints and raises `trainer.stop.StopRequested`; after a time-limit warning under Slurm it has
+    also requeued its job (`trainer.attempts.after_stop`).
+
+    Args:
+      config: the run.
+      stop: the stop request to honour (the process-wide `trainer.stop.REQUEST` by default).
+    """
+    stop = stop or stop_lib.REQUEST
     validate(config)
-    os.makedirs(loop_config.model_dir, exist_ok=True)
+    os.makedirs(config.loop.model_dir, exist_ok=True)
     if config.flags_text:
-        report.write_text(os.path.join(loop_config.model_dir, "flags.txt"), config.flags_text)
+        report.write_text(os.path.join(config.loop.model_dir, "flags.txt"), config.flags_text)
+    attempts = attempts_lib.AttemptLog(config.loop.model_dir)
+    job = cluster.slurm_job(os.environ)
+    with stop.handling():
+        try:
+            return _train_attempt(config, stop, attempts, job)
+        except stop_lib.StopRequested as e:
+            _log_line(str(e))
+            line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
+            _log_line(line)
+            raise
+        except BaseException as e:
+            attempts.end(f"failed: {type(e).__name__}: {e}"[:500])
+            raise
+
+
+def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job) -> dict:
+    """One attempt: build, resume, train, evaluate, export, write metrics.json."""
+    _raise_if_stopped(stop, "before the model was built")
     state = build(config)
+    _raise_if_stopped(stop, "before training started")
     restored = state.checkpointer.restore_latest()
-    if restored:
-        log.info("resumed from %s at step %d", restored, int(state.global_step.numpy()))
-    summaries = Summaries(loop_config.model_dir)
+    attempt = attempts.begin(int(state.global_step.numpy()), job)
+    _log_line(_start_line(attempt, job, restored))
+    results = _run_loop(config, state, attempts, stop)
+    if config.loop.export:
+        state.model.export(os.path.join(config.loop.model_dir, "export"), verbose=False)
+    attempts.end("finished")
+    metrics = _final_metrics(config, state, attempts, results)
+    report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
+    return metrics
+
+
+def _raise_if_stopped(stop: stop_lib.StopRequest, when: str) -> None:
+    if stop.requested:
+        message = f"stopped by {stop.describe()} {when}; nothing to save. Rerun the same command to resume."
+        raise stop_lib.StopRequested(message, stop.signum, None, signalled_while_training=False)
+
+
+def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop: stop_lib.StopRequest) -> dict:
+    """Runs the loop, recording the attempt's progress at every checkpoint."""
+    summaries = Summaries(config.loop.model_dir)
     summaries.hparams(hparams(config))
     trainable = state.model.trainable_variables
+
+    def on_checkpoint(step: int) -> None:
+        attempts.progress(step, *loop.throughput.totals())
+
     loop = Loop(
         state.mode,
-        loop_config,
+        config.loop,
         state.evaluator,
         state.checkpointer,
         summaries,
         trainable,
         variable_tags(trainable),
         log=_log_line,
+        stop=stop,
+        on_checkpoint=on_checkpoint,
     )
     try:
-        results = loop.run()
+        return loop.run()
     finally:
         state.mode.close()
         summaries.close()
-    metrics = _final_metrics(config, state, loop, results)
-    if loop_config.export:
-        state.model.export(os.path.join(loop_config.model_dir, "export"), verbose=False)
-    report.write_json(os.path.join(loop_config.model_dir, "metrics.json"), metrics)
-    return metrics
+
+
+def _start_line(attempt: attempts_lib.Attempt, job, restored: str | None) -> str:
+    where = f"resumed from {restored} at step {attempt.resumed_from_step}" if restored else "fresh start at step 0"
+    who = f"; {job.describe()}" if job is not None else ""
+    return f"attempt {attempt.attempt} (host {attempt.host}, pid {attempt.pid}{who}): {where}"
 
 
 @dataclasses.dataclass
@@ -244,7 +299,7 @@ def _set_precision(mixed_precision: str) -> None:
     keras.mixed_precision.set_global_policy(_POLICIES[mixed_precision])
 
 
-def _final_metrics(config: RunConfig, state: Trainer, loop: Loop, results: dict) -> dict:
+def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.AttemptLog, results: dict) -> dict:
     t = config.towers
     metrics = {
         "global_step": results["global_step"],
@@ -253,7 +308,8 @@ def _final_metrics(config: RunConfig, state: Trainer, loop: Loop, results: dict)
         "eval_loss": results.get("eval_loss"),
         "eval_accuracy": results.get("eval_accuracy"),
         "eval_examples": results.get("eval_examples"),
-        "examples_per_sec": loop.throughput.examples_per_sec,
+        "examples_per_sec": attempts.examples_per_sec(),  # over every attempt of the run
+        "attempts": attempts.summary(),
         "num_towers": t.num_towers,
         "micro_batches": t.num_micro_batches,
         "global_batch_size": t.global_batch_size,

@@ -42,6 +42,7 @@ class Gate:
         self._next_ticket = 0
         self._stopping = False
         self._error: BaseException | None = None
+        self._should_stop = lambda: False  # the window's stop request: no update starts once it is true
 
     def open_window(self, num_updates: int) -> None:
         """Lets `num_updates` more updates start."""
@@ -50,11 +51,17 @@ class Gate:
             self._unfinished += num_updates
             self._cond.notify_all()
 
-    def wait_window(self, poll_sec: float = 0.1) -> None:
+    def wait_window(self, poll_sec: float = 0.1, should_stop=None) -> None:
         """Blocks until every update of the window has been applied (all towers then idle at a step
-        boundary). Raises TowerFailed if a tower raised."""
+        boundary). When `should_stop()` turns true, the updates not yet started are dropped from the window
+        and only those in flight are waited for. Raises TowerFailed if a tower raised."""
         with self._cond:
+            self._should_stop = should_stop or (lambda: False)
             while self._unfinished > 0 and self._error is None:
+                if self._budget and self._should_stop():
+                    self._unfinished -= self._budget  # never started: the window ends at the next boundary
+                    self._budget = 0
+                    continue
                 self._cond.wait(poll_sec)  # a timeout keeps the main thread responsive to signals
             if self._error is not None:
                 raise self._error
@@ -63,8 +70,8 @@ class Gate:
         """Called by a tower before it reads the variables; blocks until an update of the budget is free and
         the staleness bound allows a start. Returns the update's ticket. Raises Stopped at shutdown."""
         with self._cond:
-            while not self._stopping and (self._budget == 0 or not self._may_start()):
-                self._cond.wait()
+            while not self._stopping and (self._budget == 0 or not self._may_start() or self._should_stop()):
+                self._cond.wait(0.1)  # a timeout: a stop request (a flag set by a signal) notifies nobody
             if self._stopping:
                 raise Stopped
             self._budget -= 1

@@ -61,21 +61,26 @@ class SyncUpdate:
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
 
-    def train_steps(self, num_steps: int, want_gradients: bool = False) -> dict:
-        """Runs `num_steps` updates. Returns tensors: the mean loss and accuracy over them, and the last
-        step's learning rate, gradient norm and per-tower times (and averaged gradients if asked).
+    def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
+        """Runs up to `num_steps` updates, fewer when `should_stop()` turns true (checked after every step).
+        Returns `steps` (how many ran) and tensors: the mean loss and accuracy over them and, when all ran,
+        the last step's learning rate, gradient norm and per-tower times (and averaged gradients if asked).
 
         Only the last step measures tower times (and returns gradients): the other steps run a leaner trace.
         """
-        losses, correct = [], []
+        losses, correct, metrics = [], [], {}
         for i in range(num_steps):
             report = i == num_steps - 1
             metrics = self._step_fn(self.iterator, report, report and want_gradients)
             losses.append(metrics.pop("loss"))
             correct.append(metrics.pop("correct"))
+            if not report and should_stop is not None and should_stop():
+                metrics = {}  # a lean step's leftovers: nothing to report
+                break
+        steps = len(losses)
         metrics["loss"] = tw.ordered_mean(losses)
-        metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (num_steps * self.examples_per_step)
-        return metrics
+        metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (steps * self.examples_per_step)
+        return {"steps": steps, **metrics}
 
     def close(self) -> None:
         """Nothing to release: the sync mode has no threads."""

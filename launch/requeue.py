@@ -1,0 +1,83 @@
+"""Surviving Slurm time limits: after the warning signal, the job requeues itself.
+
+Slurm never requeues a job that reaches its time limit (it ends TIMEOUT, whatever `--requeue` says), but it
+can warn first: `sbatch --signal=B:USR1@T` sends SIGUSR1 T seconds (up to ~30 s more) before the limit. The
+trainer checkpoints at the next step boundary and then calls `requeue`, which puts the job back in the queue
+(`scontrol requeue`); the next start resumes from that checkpoint. Preemption needs none of this: Slurm
+requeues a preempted `--requeue` job by itself, after SIGTERM.
+
+A time-limit requeue is refused when it would not help: outside Slurm, when the training is already done,
+after `max_requeues` of them in this job, or when an attempt that was already training could not finish a
+single step before the warning (requeueing it would only repeat that, forever).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+from launch.cluster import SlurmJob
+
+
+class RequeueError(RuntimeError):
+    """`scontrol requeue` failed; the message has its output."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    requeue: bool
+    reason: str
+
+
+def decide(
+    job: SlurmJob | None,
+    max_requeues: int,
+    previous_requeues: int,
+    steps_left: int,
+    steps_trained: int,
+    signalled_while_training: bool,
+) -> Decision:
+    """Whether a run stopped by a time-limit warning should requeue its job.
+
+    Args:
+      job: the Slurm job, None outside Slurm.
+      max_requeues: the most time-limit requeues one job may make.
+      previous_requeues: time-limit requeues this job already made.
+      steps_left: steps still to train after the checkpoint just written.
+      steps_trained: steps this attempt trained.
+      signalled_while_training: the warning came after the training loop had started (not while the
+        process was importing TensorFlow or building the model).
+    """
+    if job is None:
+        return Decision(False, "not a Slurm job: rerun the same command to resume")
+    if steps_left <= 0:
+        return Decision(False, "training is complete")
+    if previous_requeues >= max_requeues:
+        return Decision(
+            False,
+            f"the job already requeued itself {previous_requeues} times for its time limit (--max_requeues="
+            f"{max_requeues}); resubmit it, with a longer --time, to go on",
+        )
+    if signalled_while_training and steps_trained == 0:
+        return Decision(
+            False,
+            "no step finished between the start of training and the time-limit warning, so a requeued job "
+            "could not progress either; resubmit with a longer --time or an earlier warning",
+        )
+    return Decision(True, f"time-limit requeue {previous_requeues + 1} of at most {max_requeues}")
+
+
+def requeue(job: SlurmJob, timeout_sec: float = 60.0) -> None:
+    """Puts the job back in the queue with `scontrol requeue` (array tasks as `ARRAYJOB_TASK`).
+
+    Raises:
+      RequeueError: scontrol is missing, failed or timed out; the message says which.
+    """
+    command = ["scontrol", "requeue", job.requeue_target]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_sec, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RequeueError(f"{' '.join(command)} could not run: {e}") from e
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout).strip()
+        raise RequeueError(f"{' '.join(command)} exited {result.returncode}: {output}")

@@ -1,0 +1,109 @@
+"""Time-limit requeue: the policy (launch.requeue.decide), and the trainer calling `scontrol requeue` for its
+Slurm job after the warning signal, recorded in attempts.json (a fake scontrol stands in for Slurm here;
+tests/test_slurm_jobs.py does it on a real one)."""
+
+import json
+import signal
+
+import pytest
+
+from launch import requeue
+from launch.cluster import SlurmJob, slurm_job
+from trainer import stop as stop_lib
+from trainer.run import train
+
+JOB = SlurmJob("101")
+
+
+@pytest.mark.parametrize(
+    "job, previous, steps_left, trained, while_training, expected",
+    [
+        (JOB, 0, 50, 10, True, (True, "time-limit requeue 1 of at most 3")),
+        (JOB, 2, 50, 10, True, (True, "time-limit requeue 3 of at most 3")),
+        (JOB, 3, 50, 10, True, (False, "already requeued itself 3 times")),
+        (JOB, 0, 0, 10, True, (False, "training is complete")),
+        (JOB, 0, 50, 0, True, (False, "no step finished between the start of training and the time-limit warning")),
+        (JOB, 0, 50, 0, False, (True, "time-limit requeue 1 of at most 3")),  # warned while importing
+        (None, 0, 50, 10, True, (False, "not a Slurm job")),
+    ],
+)
+def test_decide(job, previous, steps_left, trained, while_training, expected):
+    decision = requeue.decide(job, 3, previous, steps_left, trained, while_training)
+    assert decision.requeue == expected[0] and expected[1] in decision.reason
+
+
+def test_slurm_job_from_environment_and_array_target():
+    assert slurm_job({}) is None
+    job = slurm_job(
+        {
+            "SLURM_JOB_ID": "205",
+            "SLURM_ARRAY_JOB_ID": "200",
+            "SLURM_ARRAY_TASK_ID": "5",
+            "SLURM_RESTART_COUNT": "2",
+            "SLURMD_NODENAME": "node9",
+        }
+    )
+    assert job == SlurmJob("205", "200", "5", 2, "node9")
+    assert job.requeue_target == "200_5" and SlurmJob("7").requeue_target == "7"
+
+
+class StopAfterChecks(stop_lib.StopRequest):
+    """Becomes a stop by `signum` after `checks` looks at it (the loop looks once per step)."""
+
+    def __init__(self, checks: int, signum: int):
+        super().__init__()
+        self.checks, self.stop_signum = checks, signum
+
+    @property
+    def requested(self) -> bool:
+        self.checks -= 1
+        if self.checks < 0 and not self.signals:
+            self.handle(self.stop_signum)
+        return bool(self.signals)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """A Slurm array task's environment and an `scontrol` that records its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol-calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    for name, value in {"SLURM_JOB_ID": "305", "SLURM_ARRAY_JOB_ID": "300", "SLURM_ARRAY_TASK_ID": "5"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    return calls
+
+
+def _attempts(tmp_path):
+    return json.loads((tmp_path / "run" / "attempts.json").read_text())
+
+
+def test_time_limit_warning_requeues_the_array_task_until_max_requeues(make_config, tmp_path, fake_slurm):
+    config = make_config(loop={"train_steps": 40, "max_requeues": 1})
+    with pytest.raises(stop_lib.StopRequested):
+        train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
+    assert fake_slurm.read_text() == "requeue 300_5\n"
+    first = _attempts(tmp_path)[0]
+    assert first["slurm_job_id"] == "305" and first["slurm_array_task"] == "300_5" and first["step"] > 0
+    assert first["outcome"].startswith("requeued for the time limit (time-limit requeue 1 of at most 1)")
+    with pytest.raises(stop_lib.StopRequested):  # the requeued job, warned again: no requeue left
+        train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
+    assert fake_slurm.read_text() == "requeue 300_5\n"
+    second = _attempts(tmp_path)[1]
+    assert second["resumed_from_step"] == first["step"] and second["step"] > first["step"]
+    assert "not requeued: the job already requeued itself 1 times for its time limit" in second["outcome"]
+    finished = train(config)
+    assert finished["global_step"] == 40 and [a["attempt"] for a in finished["attempts"]] == [1, 2, 3]
+    seconds = sum(a["train_sec"] for a in finished["attempts"])
+    examples = sum(a["examples"] for a in finished["attempts"])
+    assert finished["examples_per_sec"] == pytest.approx(examples / seconds)
+
+
+def test_preemption_is_left_to_slurm(make_config, tmp_path, fake_slurm):
+    with pytest.raises(stop_lib.StopRequested):
+        train(make_config(loop={"train_steps": 40}), stop=StopAfterChecks(8, signal.SIGTERM))
+    assert not fake_slurm.exists()
+    assert _attempts(tmp_path)[0]["outcome"].startswith("stopped by signal 15 at step")

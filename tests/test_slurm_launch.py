@@ -1,0 +1,131 @@
+"""launch.sbatch / launch.slurm: the rendered job script and the launcher's checks (no Slurm needed)."""
+
+import os
+import sys
+
+import pytest
+
+from launch import sbatch
+from launch import slurm as launcher
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90", 5400), ("5:30", 330), ("01:00:00", 3600), ("2-00", 172800), ("1-02:03", 93780), ("1-0:0:5", 86405)],
+)
+def test_slurm_time_formats(text, seconds):
+    assert sbatch.parse_time_sec(text) == seconds
+
+
+@pytest.mark.parametrize("time_sec, warning", [(None, 300), (60, 30), (120, 60), (600, 90), (3600, 180), (86400, 300)])
+def test_default_warning_leaves_room_for_a_step_and_a_checkpoint(time_sec, warning):
+    assert sbatch.default_warning_sec(time_sec) == warning
+
+
+def _render(capsys, *argv):
+    """Runs the launcher with --dry_run added before `--`; returns (exit code, stdout, stderr)."""
+    split = argv.index("--")
+    code = launcher.main([*argv[:split], "--dry_run", *argv[split:]])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _sbatch_lines(script: str) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_cpu_job_asks_for_no_gpu_and_execs_the_trainer(capsys, tmp_path):
+    code, out, _ = _render(
+        capsys, f"--model_dir={tmp_path}/run", "--time=00:02:00", "--cpus_per_task=2", "--", "--device=cpu"
+    )
+    assert code == 0
+    assert _sbatch_lines(out) == [
+        "--job-name=towerflow-run",
+        f"--output={tmp_path}/run/slurm/%x-%j.log",
+        "--open-mode=append",
+        "--requeue",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--signal=B:USR1@60",
+        "--cpus-per-task=2",
+        "--time=00:02:00",
+    ]
+    exec_line = out.strip().splitlines()[-1]
+    assert exec_line == (
+        f"exec {sys.executable} -u -m trainer --model_dir={tmp_path}/run --max_requeues=3 --device=cpu"
+    )
+    assert f"cd {os.getcwd()}" in out.splitlines()
+    assert not os.path.exists(tmp_path / "run")  # a dry run writes nothing
+
+
+def test_gpu_job_takes_gres_from_num_gpus_and_passes_extra_options(capsys, tmp_path):
+    code, out, _ = _render(
+        capsys,
+        f"--model_dir={tmp_path}/r50",
+        "--partition=gpu",
+        "--account=lab",
+        "--sbatch_arg=--qos=high",
+        "--sbatch_arg=--array=0-3",
+        "--max_requeues=5",
+        "--warning_sec=240",
+        "--",
+        "--num_gpus=4",
+        "--model=resnet50",
+    )
+    assert code == 0
+    lines = _sbatch_lines(out)
+    for expected in ("--gres=gpu:4", "--partition=gpu", "--account=lab", "--qos=high", "--array=0-3"):
+        assert expected in lines
+    assert "--signal=B:USR1@240" in lines and not any(line.startswith("--time") for line in lines)
+    assert "--max_requeues=5 --num_gpus=4 --model=resnet50" in out
+
+
+def test_gpus_per_node_fills_in_num_gpus_and_a_conflict_is_refused(capsys, tmp_path):
+    code, out, _ = _render(capsys, f"--model_dir={tmp_path}/a", "--gpus_per_node=8", "--")
+    assert code == 0 and "--gres=gpu:8" in _sbatch_lines(out) and out.rstrip().endswith("--num_gpus=8")
+    code, _, err = _render(capsys, f"--model_dir={tmp_path}/a", "--gpus_per_node=8", "--", "--num_gpus=4")
+    assert code == 2 and "--gpus_per_node (8) differs from the trainer's --num_gpus (4)" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--", "--num_gpu=2"], "Unknown command line flag 'num_gpu'"),
+        (["--", "--num_gpus=2", "--micro_batches=3"], "--micro_batches (3) must be a multiple of --num_gpus (2)"),
+        (["--time=1:xx", "--"], "--time ('1:xx') must be a Slurm time"),
+        (["--time=2", "--warning_sec=120", "--"], "--warning_sec (120) must be shorter than --time (2)"),
+        (["--nodes=2", "--"], "multi-node training is not implemented"),
+        (["--", "--model_dir=/elsewhere"], "give --model_dir to launch.slurm"),
+    ],
+)
+def test_bad_options_fail_before_submitting(capsys, tmp_path, argv, message):
+    split = argv.index("--")
+    code, _, err = _render(capsys, f"--model_dir={tmp_path}/x", *argv[:split], "--", *argv[split + 1 :])
+    assert code == 2 and message in err
+
+
+def test_a_failed_sbatch_keeps_the_script_and_exits_1(capsys, tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Invalid partition name specified' >&2\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    code = launcher.main([f"--model_dir={tmp_path}/run", "--partition=nope", "--", "--device=cpu"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Invalid partition name specified" in err
+    scripts = os.listdir(tmp_path / "run" / "slurm")
+    assert len(scripts) == 1 and scripts[0].startswith("towerflow-run-") and scripts[0].endswith(".sbatch")
+
+
+def test_submission_prints_the_log_and_the_job_id_last(capsys, tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/sbatch-args\necho "4242;cluster"\n')
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    assert launcher.main([f"--model_dir={tmp_path}/run", "--", "--device=cpu"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "submitted job 4242"
+    assert f"log:     {tmp_path}/run/slurm/towerflow-run-4242.log  (appended across requeues)" in out
+    args = (tmp_path / "sbatch-args").read_text().split()
+    assert args[0] == "--parsable" and args[1].startswith(f"{tmp_path}/run/slurm/towerflow-run-")

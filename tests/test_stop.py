@@ -1,0 +1,163 @@
+"""Stop signals: honoured after the current step, a save is never cut short, the final checkpoint comes
+before the final eval, an early signal exits cleanly, and the attempts of a run are recorded."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from trainer import run as run_lib
+from trainer import stop as stop_lib
+from trainer.checkpoint import Checkpointer
+from trainer.evaluate import Evaluator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StepAtSignal(stop_lib.StopRequest):
+    """Records the global step when Python runs the handler (after the TensorFlow call in progress)."""
+
+    def __init__(self, trainers):
+        super().__init__()
+        self.trainers = trainers
+        self.steps_at_signal = []
+        self.seen = []  # every signal, kept after the run (`signals` is cleared when train() returns)
+
+    def handle(self, signum, frame=None):
+        self.seen.append(signum)
+        self.steps_at_signal.append(int(self.trainers[-1].global_step.numpy()) if self.trainers else None)
+        super().handle(signum, frame)
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The Trainer objects `train()` builds, in order."""
+    trainers = []
+    original = run_lib.build
+
+    def capture(config, *args, **kwargs):
+        trainers.append(original(config, *args, **kwargs))
+        return trainers[-1]
+
+    monkeypatch.setattr(run_lib, "build", capture)
+    return trainers
+
+
+def _kill_when(predicate, signum=signal.SIGTERM, timeout_sec=60.0):
+    """Sends `signum` to this process once `predicate()` holds; returns a dict that gets the send time."""
+    sent = {}
+
+    def wait_and_kill():
+        deadline = time.monotonic() + timeout_sec
+        while not predicate() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent["at"] = time.monotonic()
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=wait_and_kill, daemon=True).start()
+    return sent
+
+
+def _latest_step(model_dir) -> int:
+    return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
+
+
+@pytest.mark.parametrize("update_mode", ["sync", "async"])
+def test_stop_lands_after_the_step_in_progress_not_after_the_window(make_config, tmp_path, built, update_mode):
+    config = make_config(
+        deterministic=update_mode == "sync",
+        towers={"update_mode": update_mode},
+        loop={"train_steps": 100_000, "log_every_steps": 5_000, "checkpoint_every_steps": 0},
+    )
+    stop = StepAtSignal(built)
+    sent = _kill_when(lambda: built and int(built[-1].global_step.numpy()) >= 40)
+    with pytest.raises(stop_lib.StopRequested, match=r"stopped by SIGTERM at step (\d+); checkpoint .* saved") as e:
+        run_lib.train(config, stop=stop)
+    latency_sec = time.monotonic() - sent["at"]
+    stopped_at = _latest_step(tmp_path / "run")
+    assert e.value.step == stopped_at and stopped_at < 5_000
+    # sync: nothing runs after the step the signal interrupted; async: the updates then in flight (at most
+    # one per tower) land, no other starts
+    assert 0 <= stopped_at - stop.steps_at_signal[0] <= (0 if update_mode == "sync" else 2)
+    trainer = built[-1]
+    attempt = json.loads((tmp_path / "run" / "attempts.json").read_text())[-1]
+    step_sec = attempt["train_sec"] * trainer.mode.examples_per_step / attempt["examples"]
+    start = time.perf_counter()
+    Checkpointer(str(tmp_path / "timing"), 1, trainer.global_step, model=trainer.model).save()
+    save_sec = time.perf_counter() - start
+    print(f"{update_mode}: signal -> checkpoint {latency_sec:.3f} s; step {step_sec:.3f} s, save {save_sec:.3f} s")
+    assert latency_sec <= 2 * (step_sec + save_sec) + 0.5
+
+
+def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_path, monkeypatch):
+    original_save = Checkpointer.save
+
+    def save_while_signalled(self):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of the save
+        return original_save(self)
+
+    monkeypatch.setattr(Checkpointer, "save", save_while_signalled)
+    config = make_config(loop={"train_steps": 100_000, "log_every_steps": 5_000})
+    stop = StepAtSignal([])
+    threading.Timer(6.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(stop_lib.StopRequested, match="stopped by SIGTERM"):
+        run_lib.train(config, stop=stop)
+    assert stop.seen == [signal.SIGTERM, signal.SIGINT]
+    step = _latest_step(tmp_path / "run")
+    assert step > 0
+    resumed = run_lib.train(make_config(loop={"train_steps": step + 2}))  # the checkpoint reads back whole
+    assert resumed["global_step"] == step + 2 and resumed["attempts"][1]["resumed_from_step"] == step
+
+
+def test_signal_during_the_final_eval_finishes_the_run_with_its_checkpoint(make_config, tmp_path, monkeypatch):
+    original = Evaluator.evaluate
+
+    def evaluate(self, should_stop=None):
+        if should_stop is None:  # the final eval
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, should_stop)
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    metrics = run_lib.train(make_config(loop={"train_steps": 12}))
+    assert metrics["global_step"] == 12 and metrics["eval_examples"] == 360
+    assert _latest_step(tmp_path / "run") == 12
+    assert metrics["attempts"][-1]["outcome"] == "finished"
+
+
+def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monkeypatch):
+    original = Evaluator.evaluate
+
+    def evaluate(self, should_stop=None):
+        if should_stop is not None:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return original(self, should_stop)
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    config = make_config(loop={"train_steps": 40, "eval_every_steps": 10, "checkpoint_every_steps": 10})
+    with pytest.raises(stop_lib.StopRequested, match="stopped by SIGUSR2 at step 10"):
+        run_lib.train(config)
+    attempts = json.loads((tmp_path / "run" / "attempts.json").read_text())
+    assert attempts[0]["step"] == 10
+    assert attempts[0]["outcome"].startswith("stopped by signal 12 at step 10; not requeued: not a Slurm job")
+
+
+def test_cli_signal_during_imports_exits_resumable(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "--device=cpu", f"--model_dir={tmp_path}/run"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(0.8)  # absl and the flags are loaded; TensorFlow is still importing
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == stop_lib.EXIT_RESUMABLE, output[-2000:]
+    assert "stopped by SIGTERM before the model was built; nothing to save" in output
+    assert not os.path.exists(tmp_path / "run" / "checkpoint")

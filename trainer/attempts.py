@@ -1,0 +1,135 @@
+"""The attempts of a run: every start of training in a `--model_dir` (first start, resumes after a kill, a
+preemption or a time limit), one record each in `model_dir/attempts.json`.
+
+A record says who ran (Slurm job, array task, restart count, host), where it resumed, how far it got, how
+fast it trained, and how it ended. It is rewritten at every checkpoint, so after a SIGKILL it still holds the
+attempt's progress up to the checkpoint the next attempt resumes from, and the run's throughput over all
+attempts (steps trained / training seconds summed) counts no step twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import socket
+
+from launch import requeue as requeue_lib
+from launch.cluster import SlurmJob
+from trainer import report
+from trainer.stop import TIME_LIMIT_SIGNALS, StopRequested
+
+FILE_NAME = "attempts.json"
+TIME_LIMIT_REQUEUED = "requeued for the time limit"
+
+
+@dataclasses.dataclass
+class Attempt:
+    attempt: int  # 1 for the first start in this model_dir
+    started: str  # UTC, ISO 8601
+    host: str
+    pid: int
+    resumed_from_step: int
+    slurm_job_id: str = ""
+    slurm_array_task: str = ""  # ARRAYJOB_TASK for an array task
+    slurm_restart_count: int | None = None
+    step: int = 0  # the last step this attempt checkpointed
+    examples: int = 0  # examples trained in the timed windows (graph tracing left out)
+    train_sec: float = 0.0
+    outcome: str = "running"
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.examples / self.train_sec if self.train_sec else 0.0
+
+
+class AttemptLog:
+    """`model_dir/attempts.json`: a JSON list of attempts, oldest first, rewritten atomically."""
+
+    def __init__(self, model_dir: str):
+        self.path = os.path.join(model_dir, FILE_NAME)
+        self.attempts = self._read()
+        self.current: Attempt | None = None
+
+    def _read(self) -> list[Attempt]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            return [Attempt(**record) for record in json.load(f)]
+
+    def begin(self, resumed_from_step: int, job: SlurmJob | None) -> Attempt:
+        """Records the start of this process's attempt."""
+        attempt = Attempt(
+            attempt=len(self.attempts) + 1,
+            started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            resumed_from_step=resumed_from_step,
+            step=resumed_from_step,
+        )
+        if job is not None:
+            attempt.slurm_job_id = job.job_id
+            attempt.slurm_array_task = job.requeue_target if job.array_task_id else ""
+            attempt.slurm_restart_count = job.restart_count
+        self.current = attempt
+        self.attempts.append(attempt)
+        self._write()
+        return attempt
+
+    def progress(self, step: int, examples: int, train_sec: float, outcome: str | None = None) -> None:
+        """Updates the current attempt (at a checkpoint, or at its end)."""
+        self.current.step, self.current.examples, self.current.train_sec = step, examples, train_sec
+        if outcome is not None:
+            self.current.outcome = outcome
+        self._write()
+
+    def end(self, outcome: str) -> None:
+        """Records how the current attempt ended (nothing when it never began: stopped before the resume)."""
+        if self.current is not None:
+            self.current.outcome = outcome
+            self._write()
+
+    def time_limit_requeues(self, job_id: str) -> int:
+        """How often the Slurm job `job_id` requeued itself for its time limit."""
+        return sum(1 for a in self.attempts if a.slurm_job_id == job_id and a.outcome.startswith(TIME_LIMIT_REQUEUED))
+
+    def examples_per_sec(self) -> float:
+        """Over every attempt: examples trained / training seconds, both summed."""
+        seconds = sum(a.train_sec for a in self.attempts)
+        return sum(a.examples for a in self.attempts) / seconds if seconds else 0.0
+
+    def summary(self) -> list[dict]:
+        """Per-attempt figures for metrics.json."""
+        return [{**dataclasses.asdict(a), "examples_per_sec": a.examples_per_sec} for a in self.attempts]
+
+    def _write(self) -> None:
+        report.write_json(self.path, [dataclasses.asdict(a) for a in self.attempts])
+
+
+def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_requeues: int, train_steps: int) -> str:
+    """Ends the attempt a stop signal interrupted; after a time-limit warning, requeues the Slurm job where
+    that helps (`launch.requeue.decide`). Returns a line for the log saying what happens next."""
+    outcome = f"stopped by signal {stop.signum} at step {stop.step}"
+    if stop.signum not in TIME_LIMIT_SIGNALS:
+        log.end(outcome)
+        return "under Slurm with --requeue, the scheduler requeues the job and it resumes from there"
+    started = log.current.resumed_from_step if log.current else None
+    decision = requeue_lib.decide(
+        job,
+        max_requeues,
+        log.time_limit_requeues(job.job_id) if job else 0,
+        train_steps - stop.step if stop.step is not None else train_steps,
+        stop.step - started if stop.step is not None and started is not None else 0,
+        stop.signalled_while_training,
+    )
+    if not decision.requeue:
+        log.end(f"{outcome}; not requeued: {decision.reason}")
+        return f"time-limit warning: not requeued: {decision.reason}"
+    try:
+        requeue_lib.requeue(job)
+    except requeue_lib.RequeueError as e:
+        log.end(f"{outcome}; requeue failed: {e}")
+        return f"time-limit warning: requeue failed: {e}. Resubmit the job to resume."
+    log.end(f"{TIME_LIMIT_REQUEUED} ({decision.reason}); {outcome}")
+    return f"time-limit warning: job {job.requeue_target} requeued ({decision.reason})"

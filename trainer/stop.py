@@ -1,0 +1,101 @@
+"""Stop requests by signal, and the exit codes a run ends with. Imports no TensorFlow.
+
+SIGTERM (Slurm preemption, `scontrol requeue`, `scancel`), SIGINT (Ctrl-C), SIGUSR1 and SIGUSR2 (the usual
+time-limit warnings, `sbatch --signal=B:USR1@T`) all ask the run to stop: the handler only records the
+signal, and the loop honours it after the current step (sync) or update (async) by checkpointing and exiting
+with `EXIT_RESUMABLE`. Recording only, never raising, means a second signal during a save cannot cut the
+save short. `trainer/__main__.py` installs the handlers before TensorFlow is imported, so a signal during the
+first seconds of a run still ends it cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+
+EXIT_OK = 0  # trained to --train_steps, evaluated, exported
+EXIT_FAILED = 1  # an unexpected error (a traceback says where)
+EXIT_USAGE = 2  # bad flags or data: the message says what to change; rerunning as is fails again
+EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed: rerun the same command to resume
+# (75 is sysexits' EX_TEMPFAIL; a code below 128 shows as itself in `sacct`/`scontrol show job`)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+# The signals schedulers are asked to send before a time limit; they make a Slurm job requeue itself.
+TIME_LIMIT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopRequested(Exception):
+    """The run stopped because of `signum`: at step `step` (None: before the model was built), with the
+    signal arriving while the training loop ran or before it started."""
+
+    def __init__(self, message: str, signum: int, step: int | None, signalled_while_training: bool):
+        super().__init__(message)
+        self.signum = signum
+        self.step = step
+        self.signalled_while_training = signalled_while_training
+
+
+class StopRequest:
+    """Which stop signals arrived, and when the first did. Process-wide: see `REQUEST`."""
+
+    def __init__(self):
+        self.signals: list[int] = []
+        self.first_at: float | None = None  # time.monotonic() of the first signal
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.signals)
+
+    @property
+    def signum(self) -> int | None:
+        """The first stop signal: it decides what the stop means (time limit or preemption)."""
+        return self.signals[0] if self.signals else None
+
+    def handle(self, signum: int, frame=None) -> None:
+        """The signal handler: records, nothing else (it may run in the middle of a save)."""
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        self.signals.append(signum)
+
+    def install(self) -> bool:
+        """Installs `handle` for every stop signal not yet handled by it; returns whether it installed any.
+        Only the main thread may install handlers: elsewhere nothing happens (and False is returned)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        installed = False
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) != self.handle:
+                self._previous[sig] = signal.signal(sig, self.handle)
+                installed = True
+        return installed
+
+    def uninstall(self) -> None:
+        """Puts back the handlers `install` replaced."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def clear(self) -> None:
+        self.signals, self.first_at = [], None
+
+    @contextlib.contextmanager
+    def handling(self):
+        """Handles stop signals inside the block. If it installed the handlers, it restores the previous
+        ones after the block and forgets the signals it saw, so a library caller's next run starts afresh;
+        a caller that installed them earlier (`python -m trainer`, from its first line) keeps both."""
+        installed = self.install()
+        try:
+            yield self
+        finally:
+            if installed:
+                self.uninstall()
+                self.clear()
+
+    def describe(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "no signal"
+
+
+REQUEST = StopRequest()
