@@ -11,6 +11,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import pytest  # noqa: E402
 
+from tests.slurm_fixture import local_slurm  # noqa: E402, F401 (the session's local Slurm, for tests marked slurm)
+
 NUM_LOGICAL_DEVICES = 4
 
 

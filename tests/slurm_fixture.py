@@ -1,0 +1,31 @@
+"""The session-wide local Slurm (launch/local_slurm.py) for the tests marked `slurm`.
+
+tests/conftest.py imports `local_slurm` from here. Loaded as a plugin instead (`pytest -p tests.slurm_fixture`
+or `pytest_plugins = ["tests.slurm_fixture"]`), this module also registers the `slurm` marker.
+With TOWERFLOW_REQUIRE_SLURM=1 (for CI), a Slurm that cannot be brought up fails the tests instead of skipping them.
+"""
+
+import os
+
+import pytest
+
+from launch import local_slurm as slurm_lib
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slurm: needs the local Slurm that tests/slurm_fixture.py brings up (root)")
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """Installs and starts (or reuses) the local Slurm; skips where it cannot; stops it only if it started it."""
+    try:
+        slurm_lib.install()
+        slurm = slurm_lib.up()
+    except slurm_lib.SlurmUnavailable as e:
+        if os.environ.get("TOWERFLOW_REQUIRE_SLURM") == "1":
+            raise
+        pytest.skip(f"no local Slurm: {e}")
+    yield slurm
+    if slurm.started_here:
+        slurm_lib.down()

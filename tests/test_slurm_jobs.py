@@ -1,0 +1,152 @@
+"""towerflow jobs on a real Slurm (tests/slurm_fixture.py brings up a one-node Slurm 22.05 with
+proctrack/cgroup): submitted with `python -m launch.slurm`, they finish, survive `scontrol requeue`, a time
+limit and a real preemption, and end with the weights of an uninterrupted run (`--deterministic`)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import slurm as launcher
+
+pytestmark = pytest.mark.slurm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# ~13 ms steps on 2 cores: about 55 s of training, longer than the 20-50 s a --time=1 job gets before its
+# warning, so that job needs at least one requeue, and long enough to interrupt the others mid-run.
+TRAIN_STEPS = 4000
+TRAINER_FLAGS = [
+    "--device=cpu",
+    "--num_gpus=2",
+    "--micro_batches=4",
+    "--global_batch_size=128",
+    "--deterministic",
+    "--seed=5",
+    f"--train_steps={TRAIN_STEPS}",
+    "--log_every_steps=100",
+    "--eval_every_steps=0",
+    "--checkpoint_every_steps=0",  # only the checkpoints a stop writes, and the final one
+    "--histogram_every_steps=0",
+    "--noexport",
+]
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@pytest.fixture(autouse=True)
+def slurm_env(local_slurm, monkeypatch):
+    """Slurm's commands (sbatch in the launcher, scontrol in the jobs) find the local controller."""
+    for name, value in local_slurm.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    return local_slurm
+
+
+def _submit(capsys, model_dir, *launcher_args, steps=TRAIN_STEPS) -> int:
+    flags = [f if not f.startswith("--train_steps") else f"--train_steps={steps}" for f in TRAINER_FLAGS]
+    assert launcher.main([f"--model_dir={model_dir}", "--cpus_per_task=1", *launcher_args, "--", *flags]) == 0
+    out = capsys.readouterr().out
+    return int(re.search(r"^submitted job (\d+)$", out, re.MULTILINE).group(1))
+
+
+def _log(model_dir, job_id) -> str:
+    path = os.path.join(model_dir, "slurm", f"towerflow-{os.path.basename(model_dir)}-{job_id}.log")
+    return open(path).read() if os.path.exists(path) else ""
+
+
+def _wait_for_log(model_dir, job_id, pattern, timeout_sec=180.0) -> str:
+    deadline = time.monotonic() + timeout_sec
+    while not re.search(pattern, log := _log(model_dir, job_id)):
+        assert time.monotonic() < deadline, f"no {pattern!r} in the log after {timeout_sec} s:\n{log[-3000:]}"
+        time.sleep(0.5)
+    return log
+
+
+def _metrics(model_dir) -> dict:
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def reference_sha256(tmp_path_factory):
+    """The weights of the same flags trained uninterrupted, outside Slurm."""
+    model_dir = tmp_path_factory.mktemp("reference") / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", *TRAINER_FLAGS, f"--model_dir={model_dir}"],
+        cwd=ROOT,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return _metrics(model_dir)["weights_sha256"]
+
+
+def _assert_resumed_exactly(slurm, job_id, model_dir, reference_sha256) -> dict:
+    info = slurm.wait_for_state(job_id, DONE, timeout_sec=400)
+    log = _log(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
+    assert int(info["Restarts"]) >= 1
+    metrics = _metrics(model_dir)
+    attempts = metrics["attempts"]
+    assert len(attempts) == int(info["Restarts"]) + 1 and attempts[-1]["outcome"] == "finished"
+    assert all(a["slurm_job_id"] == str(job_id) for a in attempts)
+    for before, after in zip(attempts, attempts[1:], strict=False):
+        assert after["resumed_from_step"] == before["step"] > before["resumed_from_step"]
+    assert metrics["global_step"] == TRAIN_STEPS
+    assert metrics["weights_sha256"] == reference_sha256
+    assert log.count("=== towerflow: job") == len(attempts)  # one log, appended by every attempt
+    return metrics
+
+
+def test_a_short_job_finishes_and_names_its_job(capsys, slurm_env, tmp_path):
+    model_dir = tmp_path / "short"
+    job_id = _submit(capsys, model_dir, steps=100)
+    info = slurm_env.wait_for_state(job_id, DONE, timeout_sec=300)
+    log = _log(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), log[-3000:]
+    assert re.search(rf"attempt 1 \(host .*slurm job {job_id}, restart 0.*\): fresh start at step 0", log)
+    assert "step     100/100" in log
+    metrics = _metrics(model_dir)
+    assert metrics["global_step"] == 100 and metrics["examples_per_sec"] > 0
+    assert [(a["slurm_job_id"], a["outcome"]) for a in metrics["attempts"]] == [(str(job_id), "finished")]
+
+
+def test_scontrol_requeue_mid_run_resumes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
+    model_dir = tmp_path / "requeued"
+    job_id = _submit(capsys, model_dir)
+    _wait_for_log(model_dir, job_id, r"step +500/")
+    subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
+    metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
+    log = _log(model_dir, job_id)
+    stopped = int(re.search(r"stopped by SIGTERM at step (\d+); checkpoint .* saved", log).group(1))
+    assert metrics["attempts"][0]["outcome"] == f"stopped by signal 15 at step {stopped}"
+    assert metrics["attempts"][1]["resumed_from_step"] == stopped
+
+
+def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
+    model_dir = tmp_path / "timelimit"
+    # --time=1 with a 10 s warning: SIGUSR1 comes 20-50 s into every attempt (Slurm checks every ~30 s)
+    job_id = _submit(capsys, model_dir, "--time=1", "--warning_sec=10", "--max_requeues=10")
+    metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
+    requeued = [a for a in metrics["attempts"] if a["outcome"].startswith("requeued for the time limit")]
+    assert len(requeued) == len(metrics["attempts"]) - 1
+    assert f"time-limit warning: job {job_id} requeued (time-limit requeue 1 of at most 10)" in _log(model_dir, job_id)
+
+
+def test_preemption_by_an_urgent_job_resumes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
+    model_dir = tmp_path / "preempted"
+    job_id = _submit(capsys, model_dir)
+    _wait_for_log(model_dir, job_id, r"step +500/")
+    urgent = slurm_env.sbatch(
+        ["-p", "urgent", f"--cpus-per-task={slurm_env.cpus}", f"--output={tmp_path}/urgent.log", "--wrap", "sleep 2"],
+        cwd=tmp_path,
+    )
+    metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
+    assert slurm_env.job_info(urgent)["JobState"] == "COMPLETED"
+    assert metrics["attempts"][0]["outcome"].startswith("stopped by signal 15 at step")
