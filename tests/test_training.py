@@ -9,6 +9,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 import data
+from trainer import rundir
 from trainer.run import train
 
 
@@ -101,8 +102,11 @@ def test_rerun_resumes_and_continues_the_step_count(make_config, tmp_path):
 
 def test_resume_with_another_model_fails_clearly(make_config, tmp_path):
     train(make_config(loop={"train_steps": 2}))
-    with pytest.raises(RuntimeError, match="cannot resume from .*ckpt-2.*flags.txt"):
+    with pytest.raises(rundir.RunDirError, match="holds a run these flags would change \\(--model: 'cnn' -> 'mlp'\\)"):
         train(make_config(model={"name": "mlp"}, loop={"train_steps": 4}))
+    # forced past that check, the checkpoint itself still refuses another model
+    with pytest.raises(RuntimeError, match="cannot resume from .*ckpt-2.*flags.txt"):
+        train(make_config(model={"name": "mlp"}, loop={"train_steps": 4, "allow_flag_changes": True}))
 
 
 def _foreign_image_records(directory, num_examples, rng):

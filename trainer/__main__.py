@@ -51,6 +51,9 @@ def main(argv: list[str]) -> int:
         return stop.EXIT_USAGE
     except stop.StopRequested:
         return stop.EXIT_RESUMABLE  # train() logged the stop and what happens next
+    except stop.Diverged as e:
+        print(f"error: training diverged: {e}", file=sys.stderr)
+        return stop.EXIT_DIVERGED
     return stop.EXIT_OK
 
 

@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from trainer import towers as tw
 from trainer.devices import Placement
-from trainer.staleness import Gate, Stopped
+from trainer.staleness import Gate, Stopped, TowerFailed
+from trainer.stop import Diverged
 
 
 class AsyncUpdate:
@@ -75,7 +76,12 @@ class AsyncUpdate:
             self._start_threads()
         self._records, self._tower_sec = [], [[] for _ in self.placement.towers]
         self.gate.open_window(num_steps)
-        self.gate.wait_window(should_stop=should_stop)
+        try:
+            self.gate.wait_window(should_stop=should_stop)
+        except TowerFailed as e:
+            if isinstance(e.__cause__, Diverged):
+                raise e.__cause__ from None
+            raise
         records = sorted(self._records)  # by step: a fixed order for the sums below
         if len(records) < num_steps:
             return {"steps": len(records)}  # cut short by a stop request: the run checkpoints and ends
@@ -116,7 +122,12 @@ class AsyncUpdate:
                 self._tower_sec[tower].append(time.perf_counter() - start)
                 self.gate.wait_turn(ticket)
                 with self._apply_lock:
-                    applied = self._apply_fn(result.grads, _state_updates(result, self._seed_flags))
+                    applied = self._apply_fn(result.loss, result.grads, _state_updates(result, self._seed_flags))
+                    if not bool(applied["finite"]):
+                        raise Diverged(
+                            f"the loss or gradient of tower {tower} was not finite at step {int(applied['step']) + 1}"
+                            f"; that update was not applied"
+                        )
                     self._last_apply = applied
                     staleness = int(applied["step"]) - int(read_step) - 1
                     self._records.append((int(applied["step"]), float(result.loss), int(result.correct), staleness))
@@ -151,11 +162,11 @@ class AsyncUpdate:
 
         return run
 
-    def _apply(self, grads, new_state):
+    def _apply(self, loss, grads, new_state):
         with tf.device(self.placement.parameter_device):
             loss_scale = tw.loss_scale(self.optimizer)
             return tw.apply_update(
-                self.model, self.optimizer, self.global_step, grads, new_state, loss_scale, self.clip_global_norm
+                self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
             )
 
 

@@ -91,6 +91,7 @@ class LoopConfig:
     export: bool = True
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
     max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
+    allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/rundir.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ def define_flags() -> None:
     _define_data_flags()
     _define_optimizer_flags()
     _define_loop_flags()
+    _define_resume_flags()
 
 
 def _define_tower_flags() -> None:
@@ -160,6 +161,18 @@ def _define_loop_flags() -> None:
     flags.DEFINE_bool("export", True, "Export a SavedModel to model_dir/export at the end.")
 
 
+def _define_resume_flags() -> None:
+    flags.DEFINE_bool(
+        "allow_flag_changes",
+        False,
+        "Resume a --model_dir although these flags change settings that define its run (seed, model, data, "
+        "batch, micro-batches, optimizer, schedule, precision, update mode); without it such a resume is "
+        "refused with the list of differences. Always free to change: --train_steps, the *_every_steps "
+        "cadences, --keep_checkpoints, --export, --profile_steps, --max_requeues, --eval_data, "
+        "--eval_batch_size, --device, --parameter_device, --xla and, in sync mode, --num_gpus.",
+    )
+
+
 def _ints(values, name: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in values or ())
@@ -237,6 +250,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.export,
             _profile_steps(f.profile_steps),
             f.max_requeues,
+            f.allow_flag_changes,
         ),
         seed=f.seed,
         deterministic=f.deterministic,

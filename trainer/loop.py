@@ -69,6 +69,7 @@ class Loop:
       log: callable taking one line of text.
       stop: the stop request the loop honours after every step (`trainer.stop.REQUEST` by default).
       on_checkpoint: called with the step after every checkpoint save (e.g. to record the attempt).
+      before_save: called with the step before every save; raises (e.g. `trainer.stop.Diverged`) to prevent it.
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class Loop:
         log=print,
         stop: stop_lib.StopRequest | None = None,
         on_checkpoint=None,
+        before_save=None,
     ):
         self.mode = mode
         self.config = config
@@ -98,6 +100,7 @@ class Loop:
         self.last_eval: dict = {}
         self.stop = stop or stop_lib.REQUEST
         self.on_checkpoint = on_checkpoint or (lambda step: None)
+        self.before_save = before_save or (lambda step: None)
         self.start_step: int | None = None
         self.training_since: float | None = None  # time.monotonic() when run() began
         self._progress = sys.stdout.isatty()
@@ -145,6 +148,7 @@ class Loop:
         )
 
     def _save(self, step: int) -> str:
+        self.before_save(step)
         path = self.checkpointer.save()
         self.on_checkpoint(step)
         return path

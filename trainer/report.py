@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 import numpy as np
@@ -23,11 +24,12 @@ def weights_sha256(variables) -> str:
     return digest.hexdigest()
 
 
-def write_json(path: str, values: dict) -> None:
-    """Writes `values` as indented JSON, atomically (a reader never sees a half-written file)."""
+def write_json(path: str, values) -> None:
+    """Writes `values` as strict, indented JSON (NaN and infinities become null), atomically (a reader never
+    sees a half-written file)."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(values, f, indent=2, sort_keys=True, default=_plain)
+        json.dump(_strict(values), f, indent=2, sort_keys=True, default=_plain, allow_nan=False)
         f.write("\n")
     os.replace(tmp, path)
 
@@ -37,6 +39,17 @@ def write_text(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def _strict(value):
+    """`value` with every non-finite float replaced by None: JSON has no NaN, and strict parsers refuse it."""
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _plain(value):

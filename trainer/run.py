@@ -17,14 +17,14 @@ import data
 import models
 from launch import cluster
 from trainer import attempts as attempts_lib
-from trainer import determinism, devices, optim, report
+from trainer import determinism, devices, optim, report, rundir, towers
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
 from trainer.config import DataConfig, RunConfig, validate
 from trainer.evaluate import Evaluator
 from trainer.loop import Loop
-from trainer.summaries import Summaries, variable_tags
+from trainer.summaries import Summaries, purge_events, variable_tags
 from trainer.sync import SyncUpdate
 
 log = logging.getLogger("towerflow")
@@ -83,17 +83,20 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
     stop = stop or stop_lib.REQUEST
     validate(config)
     os.makedirs(config.loop.model_dir, exist_ok=True)
-    if config.flags_text:
-        report.write_text(os.path.join(config.loop.model_dir, "flags.txt"), config.flags_text)
-    attempts = attempts_lib.AttemptLog(config.loop.model_dir)
-    job = cluster.slurm_job(os.environ)
-    with stop.handling():
+    with rundir.RunLock(config.loop.model_dir), stop.handling():
+        rundir.check_resume(config, config.loop.allow_flag_changes, log=_log_line)
+        rundir.record_flags(config.loop.model_dir, config.flags_text)
+        attempts = attempts_lib.AttemptLog(config.loop.model_dir)
+        job = cluster.slurm_job(os.environ)
         try:
             return _train_attempt(config, stop, attempts, job)
         except stop_lib.StopRequested as e:
             _log_line(str(e))
             line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
             _log_line(line)
+            raise
+        except stop_lib.Diverged as e:
+            attempts.end(f"diverged: {e}")
             raise
         except BaseException as e:
             attempts.end(f"failed: {type(e).__name__}: {e}"[:500])
@@ -108,13 +111,22 @@ def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, j
     restored = state.checkpointer.restore_latest()
     attempt = attempts.begin(int(state.global_step.numpy()), job)
     _log_line(_start_line(attempt, job, restored))
+    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step)
+    if dropped:
+        _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
     results = _run_loop(config, state, attempts, stop)
     if config.loop.export:
+        _require_finite(state.model, results["global_step"], "exporting")
         state.model.export(os.path.join(config.loop.model_dir, "export"), verbose=False)
     attempts.end("finished")
     metrics = _final_metrics(config, state, attempts, results)
     report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
     return metrics
+
+
+def _require_finite(model, step: int, doing: str) -> None:
+    if not towers.all_finite(model.variables):
+        raise stop_lib.Diverged(f"a weight was not finite at step {step}; not {doing} (the last checkpoint is kept)")
 
 
 def _raise_if_stopped(stop: stop_lib.StopRequest, when: str) -> None:
@@ -143,6 +155,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         log=_log_line,
         stop=stop,
         on_checkpoint=on_checkpoint,
+        before_save=lambda step: _require_finite(state.model, step, "saving a checkpoint"),
     )
     try:
         return loop.run()
@@ -201,6 +214,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         config.loop.model_dir,
         config.loop.keep_checkpoints,
         global_step,
+        log=_log_line,
         model=model,
         optimizer=optimizer,
         **named_iterators,

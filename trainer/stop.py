@@ -18,6 +18,7 @@ import time
 EXIT_OK = 0  # trained to --train_steps, evaluated, exported
 EXIT_FAILED = 1  # an unexpected error (a traceback says where)
 EXIT_USAGE = 2  # bad flags or data: the message says what to change; rerunning as is fails again
+EXIT_DIVERGED = 3  # a loss, gradient or weight stopped being finite; the last checkpoint is finite
 EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed: rerun the same command to resume
 # (75 is sysexits' EX_TEMPFAIL; a code below 128 shows as itself in `sacct`/`scontrol show job`)
 
@@ -35,6 +36,11 @@ class StopRequested(Exception):
         self.signum = signum
         self.step = step
         self.signalled_while_training = signalled_while_training
+
+
+class Diverged(RuntimeError):
+    """The loss or the gradient stopped being finite (or a weight, seen before a save). The update that
+    carried it was not applied, and no non-finite weight was checkpointed or exported."""
 
 
 class StopRequest:

@@ -11,6 +11,7 @@ import os
 import re
 
 import tensorflow as tf
+from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.hparams import api as hp
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
@@ -19,6 +20,36 @@ _COUNTER = re.compile(r"_\d+(?=/|$)")
 def variable_tags(variables) -> list[str]:
     """One stable tag per variable: `<index>_<path without layer counters>`."""
     return [f"{i:03d}_{_COUNTER.sub('', v.path)}" for i, v in enumerate(variables)]
+
+
+def purge_events(model_dir: str, after_step: int) -> int:
+    """Drops, from the event files of model_dir/train and model_dir/eval, every event past `after_step` and
+    every hparams record, so that a resumed run's steps stay strictly increasing per tag and its settings are
+    recorded once (the resumed run writes them anew). Returns how many events past `after_step` it dropped.
+
+    Files are rewritten only when they hold such events, each to a temporary file then renamed over the
+    original: a kill in between leaves the old file or the new one, never half of either.
+    """
+    dropped = 0
+    for path in sorted(tf.io.gfile.glob(os.path.join(model_dir, "*", "events.out.tfevents.*"))):
+        if path.endswith(".purging"):
+            continue
+        events = [event_pb2.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+        keep = [e for e in events if not _purged(e, after_step)]
+        if len(keep) == len(events):
+            continue
+        with tf.io.TFRecordWriter(path + ".purging") as writer:
+            for event in keep:
+                writer.write(event.SerializeToString())
+        tf.io.gfile.rename(path + ".purging", path, overwrite=True)
+        dropped += sum(1 for e in events if e.step > after_step)
+    return dropped
+
+
+def _purged(event, after_step: int) -> bool:
+    if event.step > after_step:
+        return True
+    return any(v.metadata.plugin_data.plugin_name == "hparams" for v in event.summary.value)
 
 
 class Summaries:

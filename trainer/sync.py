@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from trainer import towers as tw
 from trainer.devices import Placement, tower_of_micro_batch
+from trainer.stop import Diverged
 
 
 def _now():
@@ -67,20 +68,37 @@ class SyncUpdate:
         the last step's learning rate, gradient norm and per-tower times (and averaged gradients if asked).
 
         Only the last step measures tower times (and returns gradients): the other steps run a leaner trace.
+
+        Raises:
+          Diverged: a step's loss or gradient was not finite (that update was not applied).
         """
-        losses, correct, metrics = [], [], {}
+        losses, correct, metrics, previous = [], [], {}, None
         for i in range(num_steps):
             report = i == num_steps - 1
             metrics = self._step_fn(self.iterator, report, report and want_gradients)
+            # Reading the previous step's flag, not this one's, keeps the host one step ahead of the device.
+            self._raise_if_diverged(previous)
+            previous = (metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
             losses.append(metrics.pop("loss"))
             correct.append(metrics.pop("correct"))
             if not report and should_stop is not None and should_stop():
                 metrics = {}  # a lean step's leftovers: nothing to report
                 break
+        self._raise_if_diverged(previous)
         steps = len(losses)
         metrics["loss"] = tw.ordered_mean(losses)
         metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (steps * self.examples_per_step)
         return {"steps": steps, **metrics}
+
+    def _raise_if_diverged(self, flags) -> None:
+        if flags is None or bool(flags[0]):
+            return
+        _, step, micro_batch = flags
+        where = "the gradient"
+        if int(micro_batch) >= 0:
+            tower = tower_of_micro_batch(int(micro_batch), self.num_micro_batches, len(self.placement.towers))
+            where = f"the loss of micro-batch {int(micro_batch)} (tower {tower})"
+        raise Diverged(f"{where} was not finite at step {int(step) + 1}; that update was not applied")
 
     def close(self) -> None:
         """Nothing to release: the sync mode has no threads."""
@@ -132,6 +150,7 @@ class SyncUpdate:
     def _apply(self, results, loss_scale):
         loss, correct, grads, new_state = tw.combine(results, self._seed_flags)
         applied = tw.apply_update(
-            self.model, self.optimizer, self.global_step, grads, new_state, loss_scale, self.clip_global_norm
+            self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
         )
-        return {"loss": loss, "correct": correct, **applied}
+        bad = tw.first_non_finite([r.loss for r in results])
+        return {"loss": loss, "correct": correct, "bad_micro_batch": bad, **applied}

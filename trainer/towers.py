@@ -141,17 +141,23 @@ def combine(results: list[MicroBatchResult], seed_flags: list[bool]):
     return loss, correct, grads, new_state
 
 
-def apply_update(model, optimizer, global_step, grads, new_state, loss_scale, clip_global_norm: float) -> dict:
+def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_scale, clip_global_norm: float) -> dict:
     """One optimizer update of the shared variables (call under the parameter device); shared by the modes.
 
+    A non-finite loss or gradient is never applied (without fp16 loss scaling, whose optimizer skips such
+    updates and lowers the scale by itself): the variables and the step stay as they were and `finite` says
+    so, for the caller to stop the run (`trainer.stop.Diverged`).
+
     Args:
+      loss: the loss the gradients are of.
       grads: the gradient to apply, one per trainable variable (scaled by `loss_scale` if not None).
       new_state: new values of the non-trainable variables; None leaves one as it is.
       loss_scale: the fp16 loss scale the gradients carry, or None.
       clip_global_norm: clip the true (unscaled) gradient to this global norm; 0 turns clipping off.
 
     Returns:
-      {"step": step after the update, "learning_rate", "grad_norm" (unscaled, before clipping), "gradients"}.
+      {"step": step after the update, "finite", "learning_rate", "grad_norm" (unscaled, before clipping),
+      "gradients"}.
     """
     scaled_norm = tf.linalg.global_norm(grads)
     scale = 1.0 if loss_scale is None else tf.cast(loss_scale, scaled_norm.dtype)
@@ -159,9 +165,35 @@ def apply_update(model, optimizer, global_step, grads, new_state, loss_scale, cl
         # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
         grads, _ = tf.clip_by_global_norm(grads, clip_global_norm * scale, use_norm=scaled_norm)
     learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-    for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
-        if value is not None:
-            variable.assign(value)
-    step = global_step.assign_add(1)
-    return {"step": step, "learning_rate": learning_rate, "grad_norm": scaled_norm / scale, "gradients": grads}
+
+    def update():
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
+            if value is not None:
+                variable.assign(value)
+        return global_step.assign_add(1)
+
+    if loss_scale is None:
+        finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(scaled_norm))
+        step = tf.cond(finite, update, global_step.read_value)
+    else:
+        finite, step = tf.constant(True), update()
+    return {
+        "step": step,
+        "finite": finite,
+        "learning_rate": learning_rate,
+        "grad_norm": scaled_norm / scale,
+        "gradients": grads,
+    }
+
+
+def first_non_finite(losses) -> tf.Tensor:
+    """Index of the first non-finite loss in micro-batch order, -1 if all are finite."""
+    bad = tf.logical_not(tf.math.is_finite(tf.stack(losses)))
+    return tf.cond(tf.reduce_any(bad), lambda: tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32), lambda: -1)
+
+
+def all_finite(variables) -> bool:
+    """Whether every floating-point variable holds only finite values (checked before a save or export)."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables if tf.as_dtype(v.dtype).is_floating]
+    return bool(tf.reduce_all(tf.stack(checks))) if checks else True

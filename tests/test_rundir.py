@@ -1,0 +1,109 @@
+"""One run per model_dir: the lock, the resume check of defining flags, the flag history, and TensorBoard
+steps that stay strictly increasing across kills and resumes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+from trainer import rundir
+from trainer.run import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_second_live_run_is_refused_naming_the_holder(make_config, tmp_path):
+    config = make_config(loop={"train_steps": 4})
+    os.makedirs(tmp_path / "run")
+    with rundir.RunLock(str(tmp_path / "run")), pytest.raises(rundir.RunDirError, match=rf"pid {os.getpid()}"):
+        train(config)
+    assert not os.path.exists(tmp_path / "run" / "flags.txt")  # a refused run writes nothing
+    assert train(config)["global_step"] == 4  # the lock is free again
+
+
+def test_a_killed_holder_does_not_block(make_config, tmp_path):
+    os.makedirs(tmp_path / "run")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from trainer import rundir; rundir.RunLock({str(tmp_path / 'run')!r}).__enter__(); "
+            "import time; time.sleep(600)",
+        ],
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 30
+    while "pid" not in (tmp_path / "run" / ".lock").read_text() if (tmp_path / "run" / ".lock").exists() else True:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    with pytest.raises(rundir.RunDirError, match=f"pid {holder.pid}"):
+        train(make_config(loop={"train_steps": 2}))
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert train(make_config(loop={"train_steps": 2}))["global_step"] == 2
+
+
+def test_resume_with_other_defining_flags_is_refused_unless_allowed(make_config, tmp_path, capsys):
+    train(make_config(seed=1, loop={"train_steps": 4, "checkpoint_every_steps": 2}))
+    with pytest.raises(rundir.RunDirError, match=r"\(--learning_rate: 0.05 -> 0.1; --seed: 1 -> 2\)"):
+        train(make_config(seed=2, optimizer={"learning_rate": 0.1}, loop={"train_steps": 8}))
+    # cadences, the step budget and (sync, K fixed) the tower count may change
+    resumed = train(
+        make_config(seed=1, towers={"num_towers": 1, "micro_batches": 2}, loop={"train_steps": 6, "log_every_steps": 3})
+    )
+    assert resumed["global_step"] == 6
+    allowed = train(make_config(seed=2, loop={"train_steps": 8, "allow_flag_changes": True}))
+    assert allowed["global_step"] == 8
+    assert "resuming with changed settings (--allow_flag_changes): --seed: 1 -> 2" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())["seed"] == 2
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_refusal_keeps_flags_txt_and_history_grows_per_start(tmp_path):
+    common = ["--device=cpu", "--num_gpus=2", "--train_steps=4", "--eval_every_steps=0", "--noexport"]
+    assert _cli(*common, "--seed=3", f"--model_dir={tmp_path}/run").returncode == 0
+    refused = _cli(*common, "--seed=4", f"--model_dir={tmp_path}/run")
+    assert refused.returncode == 2 and "--seed: 3 -> 4" in refused.stderr and "Traceback" not in refused.stderr
+    assert "--seed=3\n" in (tmp_path / "run" / "flags.txt").read_text()
+    assert _cli(*common[:2], "--train_steps=6", "--seed=3", "--noexport", f"--model_dir={tmp_path}/run").returncode == 0
+    history = (tmp_path / "run" / "flags.history").read_text()
+    assert history.count("# start: host") == 2 and "--train_steps=4\n" in history and "--train_steps=6\n" in history
+
+
+def _steps(directory, tag):
+    acc = event_accumulator.EventAccumulator(str(directory), size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    return [e.step for e in acc.Tensors(tag)] if tag in acc.Tags()["tensors"] else []
+
+
+def test_tensorboard_steps_stay_increasing_after_a_kill_and_resume(make_config, tmp_path):
+    loop = {"train_steps": 20, "log_every_steps": 5, "eval_every_steps": 5, "checkpoint_every_steps": 10}
+    train(make_config(loop=loop))
+    run = tmp_path / "run"
+    # the run killed after step 20's events but before its checkpoint: only ckpt-10 is left
+    for name in os.listdir(run):
+        if name.startswith("ckpt-20."):
+            os.remove(run / name)
+    tf.compat.v1.train.update_checkpoint_state(str(run), str(run / "ckpt-10"))
+    shutil.rmtree(run / "export", ignore_errors=True)
+    train(make_config(loop=loop))
+    assert _steps(run / "train", "loss") == [5, 10, 15, 20]
+    assert _steps(run / "eval", "accuracy") == [5, 10, 15, 20]
+    hparams = event_accumulator.EventAccumulator(str(run / "train"))
+    hparams.Reload()
+    assert len(hparams.summary_metadata) >= 1
+    acc = event_accumulator.EventAccumulator(str(run / "train"), size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    assert len(acc.Tensors("_hparams_/session_start_info")) == 1

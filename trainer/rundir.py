@@ -1,0 +1,154 @@
+"""What a `--model_dir` keeps about the run it holds: one live run at a time (a lock), the settings that
+define the run (`run.json`), and the flags of every start (`flags.txt`, `flags.history`).
+
+A run's directory is its identity: a requeued job, a manual rerun and a second experiment all find the same
+checkpoints there. So a second live run is refused (naming the holder), and a resume whose settings would
+change what is being trained (seed, model, data, batch, optimizer, schedule...) is refused with the list of
+differences unless `--allow_flag_changes` is given. Settings that may change on resume are in `MAY_CHANGE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fcntl
+import glob
+import json
+import os
+import socket
+
+from trainer import report
+from trainer.config import ConfigError, RunConfig
+
+LOCK_FILE = ".lock"
+RUN_FILE = "run.json"
+# Settings that may differ between the starts of one run: where and how often things are written, how long
+# to train, and (sync mode, with --micro_batches fixed) on which devices. Everything else defines the run.
+MAY_CHANGE = {
+    "loop.model_dir",
+    "loop.train_steps",
+    "loop.log_every_steps",
+    "loop.eval_every_steps",
+    "loop.checkpoint_every_steps",
+    "loop.histogram_every_steps",
+    "loop.keep_checkpoints",
+    "loop.export",
+    "loop.profile_steps",
+    "loop.max_requeues",
+    "loop.allow_flag_changes",
+    "data.eval_data",
+    "data.eval_batch_size",
+    "towers.device",
+    "towers.parameter_device",
+    "towers.jit_compile",
+}
+SYNC_MAY_CHANGE = {"towers.num_towers"}  # with K fixed, the towers do not change the sync result
+FLAG_NAMES = {  # the flag of a setting, where it is not the setting's last name
+    "towers.num_towers": "num_gpus",
+    "towers.num_micro_batches": "micro_batches",
+    "towers.jit_compile": "xla",
+    "model.name": "model",
+    "optimizer.name": "optimizer",
+    "optimizer.schedule": "lr_schedule",
+    "optimizer.boundaries": "lr_boundaries",
+    "optimizer.values": "lr_values",
+}
+
+
+class RunDirError(ConfigError):
+    """The model_dir is in use by another live run, or holds a run these flags would change."""
+
+
+class RunLock:
+    """An exclusive `flock` on MODEL_DIR/.lock for as long as the run lives. The kernel releases it when the
+    process ends, however it ends, so a crashed run's lock never blocks the next one. The file names the
+    holder (host, pid, Slurm job, start time) for the message a refused run gets."""
+
+    def __init__(self, model_dir: str):
+        self.path = os.path.join(model_dir, LOCK_FILE)
+        self._fd: int | None = None
+
+    def __enter__(self):
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(
+                f"another live run holds {self.path} ({holder}); wait for it to end, or use another --model_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, _holder().encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self._fd)  # releases the lock; the file stays (removing it would race with a new holder)
+        self._fd = None
+        return False
+
+
+def _holder() -> str:
+    job = os.environ.get("SLURM_JOB_ID")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return (
+        f"host {socket.gethostname()}, pid {os.getpid()}" + (f", slurm job {job}" if job else "") + f", since {started}"
+    )
+
+
+def defining_settings(config: RunConfig) -> dict:
+    """The settings that define what is trained, flattened (`optimizer.learning_rate`, ...), with resolved
+    values (`towers.num_micro_batches`, not the 0 that means one per tower)."""
+    flat = {}
+    for group, values in dataclasses.asdict(config).items():
+        if isinstance(values, dict):
+            flat.update({f"{group}.{k}": v for k, v in values.items()})
+        elif group != "flags_text":
+            flat[group] = values
+    flat.pop("towers.micro_batches")
+    flat["towers.num_micro_batches"] = config.towers.num_micro_batches
+    changeable = MAY_CHANGE | (SYNC_MAY_CHANGE if config.towers.update_mode == "sync" else set())
+    return {k: _jsonable(v) for k, v in sorted(flat.items()) if k not in changeable}
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
+    """Refuses to resume a run whose defining settings these flags change; records them on a fresh start.
+
+    Raises:
+      RunDirError: listing each differing setting as `--flag: recorded -> now`, unless `allow_changes`.
+    """
+    model_dir = config.loop.model_dir
+    path = os.path.join(model_dir, RUN_FILE)
+    current = defining_settings(config)
+    has_checkpoint = bool(glob.glob(os.path.join(model_dir, "ckpt-*.index")))
+    if has_checkpoint and os.path.exists(path):
+        with open(path) as f:
+            recorded = json.load(f)
+        changes = [
+            f"--{FLAG_NAMES.get(k, k.split('.')[-1])}: {recorded.get(k)!r} -> {current.get(k)!r}"
+            for k in sorted(set(recorded) | set(current))
+            if recorded.get(k) != current.get(k)
+        ]
+        if changes and not allow_changes:
+            raise RunDirError(
+                f"{model_dir} holds a run these flags would change ({'; '.join(changes)}). Resume with its "
+                f"flags (--flagfile={os.path.join(model_dir, 'flags.txt')}), use a new --model_dir, or pass "
+                f"--allow_flag_changes to resume anyway"
+            )
+        if changes:
+            log(f"resuming with changed settings (--allow_flag_changes): {'; '.join(changes)}")
+    report.write_json(path, current)
+
+
+def record_flags(model_dir: str, flags_text: str) -> None:
+    """Writes the flags of this start to flags.txt and appends them, with a header, to flags.history."""
+    if not flags_text:
+        return
+    report.write_text(os.path.join(model_dir, "flags.txt"), flags_text)
+    with open(os.path.join(model_dir, "flags.history"), "a") as f:
+        f.write(f"# start: {_holder()}\n{flags_text}")
