@@ -42,7 +42,7 @@ def test_keras_assign_add_loses_increments_but_tf_variable_does_not():
         return int(variable.numpy())
 
     assert hammer(tf.Variable(0, dtype=tf.int64)) == 4000
-    assert hammer(keras.Variable(0, dtype="int64")) <= 4000  # measured: ~40% survive
+    assert hammer(keras.Variable(0, dtype="int64")) < 4000  # measured: ~40% survive
 
 
 def test_step_count_equals_applied_updates_and_staleness_is_reported(make_config, tmp_path):
@@ -97,6 +97,13 @@ def test_deterministic_async_is_refused():
     config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), deterministic=True)
     with pytest.raises(cfg.ConfigError, match="--update_mode=async cannot be --deterministic"):
         cfg.validate(config)
+
+
+def test_fp16_async_is_refused():
+    config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", mixed_precision="fp16"))
+    with pytest.raises(cfg.ConfigError, match="--mixed_precision=fp16 cannot be --update_mode=async: a gradient"):
+        cfg.validate(config)
+    cfg.validate(cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", mixed_precision="bf16")))
 
 
 def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config, tmp_path):

@@ -1,12 +1,14 @@
 """The determinism contract: bitwise-identical weights on a rerun, across tower counts, and after resume."""
 
+import dataclasses
 import os
 import shutil
 
 import pytest
 import tensorflow as tf
 
-from trainer.run import train
+from trainer import devices, report
+from trainer.run import build, train
 
 STEPS = 12
 
@@ -22,9 +24,11 @@ def _train(make_config, tmp_path, name, num_towers, micro_batches=4, **loop):
 
 def test_rerun_and_tower_counts_give_identical_weights(make_config, tmp_path):
     """cnn has BatchNorm and Dropout: the hardest case for tower-count invariance."""
+    initial = report.weights_sha256(build(make_config(model_dir=tmp_path / "init")).model.variables)
     hashes = {n: _train(make_config, tmp_path, f"n{n}", n)["weights_sha256"] for n in (1, 2, 4)}
     rerun = _train(make_config, tmp_path, "n2-again", 2)
     assert hashes[1] == hashes[2] == hashes[4] == rerun["weights_sha256"]
+    assert rerun["weights_sha256"] != initial  # the runs trained: equal hashes of untouched weights prove nothing
     assert rerun["global_step"] == STEPS and rerun["micro_batches"] == 4
 
 
@@ -48,14 +52,24 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(make_config, tmp_path)
     assert resumed["weights_sha256"] == full["weights_sha256"]
 
 
-@pytest.mark.parametrize("parameter_device", ["cpu", "gpu"])
-def test_parameter_device_does_not_change_the_result(make_config, tmp_path, parameter_device):
+@pytest.mark.parametrize("parameter_device", ["/device:CPU:0", "/device:CPU:1", "/device:CPU:3"])
+def test_parameter_device_does_not_change_the_result(make_config, tmp_path, monkeypatch, parameter_device):
+    """On logical CPU towers --parameter_device=gpu and =cpu both mean /device:CPU:0, so this places the
+    variables on other devices explicitly: a tower's (CPU:1), and one that runs no tower (CPU:3)."""
+    resolve = devices.resolve
+
+    def placed(config):
+        return dataclasses.replace(resolve(config), parameter_device=parameter_device)
+
+    monkeypatch.setattr(devices, "resolve", placed)
     config = make_config(
-        model_dir=tmp_path / parameter_device,
-        towers={"num_towers": 2, "micro_batches": 4, "parameter_device": parameter_device},
-        loop={"train_steps": 4},
+        model_dir=tmp_path / "placed", towers={"num_towers": 2, "micro_batches": 4}, loop={"train_steps": 4}
     )
+    trainer = build(config)
+    assert {v.value.device.split("/device:")[1] for v in trainer.model.variables} == {parameter_device[8:]}
+    placed_result = train(config)
+    monkeypatch.setattr(devices, "resolve", resolve)
     reference = make_config(
         model_dir=tmp_path / "ref", towers={"num_towers": 1, "micro_batches": 4}, loop={"train_steps": 4}
     )
-    assert train(config)["weights_sha256"] == train(reference)["weights_sha256"]
+    assert placed_result["weights_sha256"] == train(reference)["weights_sha256"]

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import models
-from trainer import devices, optim
+from trainer import determinism, devices, optim
 from trainer.config import OptimizerConfig, TowerConfig
 from trainer.sync import SyncUpdate
 
@@ -20,22 +20,28 @@ def _model_and_batch(name, seed=0):
     return model, features, labels
 
 
-def _plain_sgd_step(model, features, labels, learning_rate):
-    with tf.GradientTape() as tape:
-        logits = model(features, training=True)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        loss += tf.add_n(model.losses) if model.losses else 0.0
-    grads = tape.gradient(loss, model.trainable_variables)
-    for variable, grad in zip(model.trainable_variables, grads, strict=True):
-        variable.assign_sub(learning_rate * grad)
-    return float(loss)
+def _plain_sgd_step(model, features, labels, learning_rate, micro_batches=1):
+    """A plain SGD step whose gradient is the mean of the gradients of `micro_batches` equal slices (each a
+    forward pass of its own, so BatchNorm normalises per slice, as towers do). Returns the mean loss."""
+    losses, grads = [], []
+    for x, y in zip(np.split(features, micro_batches), np.split(labels, micro_batches), strict=True):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        losses.append(float(loss))  # the reported loss is the cross-entropy, as the towers report it
+        grads.append(tape.gradient(total, model.trainable_variables))
+    for i, variable in enumerate(model.trainable_variables):
+        variable.assign_sub(learning_rate * tf.add_n([g[i] for g in grads]) / micro_batches)
+    return float(np.mean(losses))
 
 
-@pytest.mark.parametrize("name, num_towers, micro_batches", [("mlp", 1, 1), ("mlp", 2, 4), ("resnet20", 2, 2)])
+@pytest.mark.parametrize(
+    "name, num_towers, micro_batches", [("mlp", 1, 1), ("mlp", 2, 4), ("resnet20", 1, 1), ("resnet20", 2, 2)]
+)
 def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
-    """Without BatchNorm/Dropout, averaging K micro-batch gradients is the full-batch gradient (the mean of
-    equal-sized means), so one step matches a plain step up to float rounding. resnet20's BatchNorm
-    normalises per micro-batch, so it is compared only with K=N (and loosely)."""
+    """One tower step equals a plain SGD step on the same K slices (for the mlp, without BatchNorm, that is
+    the full-batch gradient), up to float rounding."""
     model, features, labels = _model_and_batch(name)
     reference, _, _ = _model_and_batch(name)
     placement = devices.resolve(TowerConfig(num_towers=num_towers, device="cpu", parameter_device="cpu"))
@@ -44,13 +50,42 @@ def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
     optimizer.build(model.trainable_variables)
     dataset = tf.data.Dataset.from_tensors((features, labels)).repeat()
     update = SyncUpdate(model, optimizer, placement, micro_batches, step, iter(dataset))
+    before = [v.numpy() for v in model.trainable_variables]
     metrics = update.train_steps(1)
-    if micro_batches == 1:
-        plain_loss = _plain_sgd_step(reference, features, labels, 0.1)
-        assert float(metrics["loss"]) == pytest.approx(plain_loss, rel=1e-5)
-    else:
-        _plain_sgd_step(reference, features, labels, 0.1)
-    tolerance = 1e-5 if name == "mlp" else 5e-2
-    for ours, theirs in zip(model.trainable_variables, reference.trainable_variables, strict=True):
-        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=tolerance, rtol=tolerance)
+    plain_loss = _plain_sgd_step(reference, features, labels, 0.1, micro_batches)
+    assert float(metrics["loss"]) == pytest.approx(plain_loss, rel=1e-5)
+    for ours, theirs, old in zip(model.trainable_variables, reference.trainable_variables, before, strict=True):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5, rtol=1e-5)
+        assert not np.array_equal(ours.numpy(), old)  # the step moved every variable
     assert int(step.numpy()) == 1
+
+
+def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
+    """A frozen BatchNorm's moving statistics: averaging K equal copies, (K * x) / K, drifts by an ulp for K=3
+    on most values (with Grappler's arithmetic optimizer off, as --deterministic runs); the combine keeps them
+    as they were."""
+    determinism.configure(1, True)
+    inputs = keras.Input((8, 8, 1))
+    frozen = keras.layers.BatchNormalization(name="frozen")
+    x = frozen(keras.layers.Conv2D(4, 3, name="conv")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(x)))
+    frozen.trainable = False
+    rng = np.random.default_rng(0)
+    frozen.moving_mean.assign(rng.random(4).astype(np.float32) + 0.1)
+    frozen.moving_variance.assign(rng.random(4).astype(np.float32) + 0.7)
+    stats = [frozen.moving_mean.numpy(), frozen.moving_variance.numpy()]
+    assert any((np.float32(3) * s) / np.float32(3) != s for s in np.concatenate(stats))  # would drift
+    placement = devices.resolve(TowerConfig(num_towers=1, device="cpu", parameter_device="cpu"))
+    step = tf.Variable(0, dtype=tf.int64)
+    optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
+    optimizer.build(model.trainable_variables)
+    features = rng.random((24, 8, 8, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, 24).astype(np.int32)
+    update = SyncUpdate(
+        model, optimizer, placement, 3, step, iter(tf.data.Dataset.from_tensors((features, labels)).repeat())
+    )
+    kernel = model.get_layer("conv").kernel.numpy()
+    update.train_steps(5)
+    assert not np.array_equal(model.get_layer("conv").kernel.numpy(), kernel)  # training happened
+    np.testing.assert_array_equal(frozen.moving_mean.numpy(), stats[0])
+    np.testing.assert_array_equal(frozen.moving_variance.numpy(), stats[1])

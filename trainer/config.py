@@ -204,6 +204,12 @@ def validate(config: RunConfig) -> RunConfig:
         "--update_mode=async cannot be --deterministic: async updates land in thread-timing order. "
         "Use --update_mode=sync for bitwise reproducible training.",
     )
+    _require(
+        not (config.towers.mixed_precision == "fp16" and config.towers.update_mode == "async"),
+        "--mixed_precision=fp16 cannot be --update_mode=async: a gradient in flight would be unscaled with the "
+        "loss scale of the moment it lands, not the one it was computed with (2x or 0.5x updates). Use "
+        "--mixed_precision=bf16 (no loss scaling) with async, or sync with fp16.",
+    )
     _validate_loop(config.loop)
     _validate_optimizer(config.optimizer, config.loop.train_steps)
     _validate_data(config.data)

@@ -120,7 +120,7 @@ class SyncUpdate:
             feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
         )
         with tf.device(placement.parameter_device):
-            metrics = self._apply(results, loss_scale)
+            metrics = self._apply(results, loss_scale, non_trainable)
         if report:
             metrics["tower_step_sec"] = tf.stack(tower_sec)
         if not want_gradients:
@@ -147,8 +147,8 @@ class SyncUpdate:
                         ends[tower] = _now()
         return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
-    def _apply(self, results, loss_scale):
-        loss, correct, grads, new_state = tw.combine(results, self._seed_flags)
+    def _apply(self, results, loss_scale, old_state):
+        loss, correct, grads, new_state = tw.combine(results, self._seed_flags, old_state)
         applied = tw.apply_update(
             self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
         )

@@ -118,8 +118,11 @@ def ordered_mean(tensors):
     return ordered_sum(tensors) / tf.cast(len(tensors), tensors[0].dtype)
 
 
-def combine(results: list[MicroBatchResult], seed_flags: list[bool]):
+def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state: list[tf.Tensor]):
     """Reduces per-micro-batch results in micro-batch index order (call under the parameter device).
+
+    Args:
+      old_state: the non-trainable values the micro-batches started from.
 
     Returns:
       (mean loss, total correct, mean gradients, new non-trainable values or None for seed states).
@@ -134,8 +137,11 @@ def combine(results: list[MicroBatchResult], seed_flags: list[bool]):
             new_state.append(None)  # seeds are a function of the step: nothing to carry over
         elif values[0].dtype.is_floating:
             # BatchNorm: mean of the K updates from the same old value == one update with the mean
-            # micro-batch statistic; the same for every tower count.
-            new_state.append(ordered_mean(values))
+            # micro-batch statistic; the same for every tower count. Where no micro-batch changed a value
+            # (frozen BatchNorm, Normalization), (K * x) / K can differ from x by an ulp unless K is a power
+            # of two: keep x itself there, so untouched state never drifts.
+            unchanged = tf.reduce_all(tf.stack([tf.equal(v, old_state[i]) for v in values]), axis=0)
+            new_state.append(tf.where(unchanged, old_state[i], ordered_mean(values)))
         else:
             new_state.append(values[-1])
     return loss, correct, grads, new_state
