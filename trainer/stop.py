@@ -20,7 +20,7 @@ EXIT_FAILED = 1  # an unexpected error (a traceback says where)
 EXIT_USAGE = 2  # bad flags or data: the message says what to change; rerunning as is fails again
 EXIT_DIVERGED = 3  # a loss, gradient or weight stopped being finite; the last checkpoint is finite
 EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed: rerun the same command to resume
-# (75 is sysexits' EX_TEMPFAIL; a code below 128 shows as itself in `sacct`/`scontrol show job`)
+# (75 is sysexits' EX_TEMPFAIL; below 128, unlike the 128+signal codes, which sacct showed as `2:0`)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 # The signals schedulers are asked to send before a time limit; they make a Slurm job requeue itself.
