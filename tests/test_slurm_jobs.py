@@ -150,3 +150,23 @@ def test_preemption_by_an_urgent_job_resumes_bitwise(capsys, slurm_env, tmp_path
     metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
     assert slurm_env.job_info(urgent)["JobState"] == "COMPLETED"
     assert metrics["attempts"][0]["outcome"].startswith("stopped by signal 15 at step")
+
+
+def test_one_trainer_in_a_two_task_allocation_runs_and_an_srun_of_two_is_refused(slurm_env, tmp_path):
+    model_dir = tmp_path / "ntasks"
+    flags = " ".join([*TRAINER_FLAGS[:4], "--train_steps=5", "--eval_every_steps=0", "--noexport"])
+    script = tmp_path / "two-tasks.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --ntasks=2\n"
+        f"#SBATCH --output={tmp_path}/two-tasks.log\n"
+        f"srun --ntasks=2 {sys.executable} -m trainer {flags} --model_dir={model_dir}-srun\n"
+        'echo "srun exit $?"\n'
+        f"exec {sys.executable} -m trainer {flags} --model_dir={model_dir}\n"
+    )
+    job_id = slurm_env.sbatch([str(script)], cwd=ROOT)
+    info = slurm_env.wait_for_state(job_id, DONE, timeout_sec=300)
+    log = (tmp_path / "two-tasks.log").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
+    assert log.count("this job step starts 2 tasks (slurm)") == 2 and "srun exit 2" in log
+    assert _metrics(model_dir)["global_step"] == 5
