@@ -54,6 +54,9 @@ def main(argv: list[str]) -> int:
     except stop.Diverged as e:
         print(f"error: training diverged: {e}", file=sys.stderr)
         return stop.EXIT_DIVERGED
+    except stop.NoSpace as e:
+        print(f"error: {e}", file=sys.stderr)
+        return stop.EXIT_FAILED
     return stop.EXIT_OK
 
 

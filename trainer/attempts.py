@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import socket
+import sys
 
 from launch import requeue as requeue_lib
 from launch.cluster import SlurmJob
@@ -104,7 +105,12 @@ class AttemptLog:
         return [{**dataclasses.asdict(a), "examples_per_sec": a.examples_per_sec} for a in self.attempts]
 
     def _write(self) -> None:
-        report.write_json(self.path, [dataclasses.asdict(a) for a in self.attempts])
+        """Rewrites the file. A failure (a full disk) is reported, never raised: the ledger must not mask the
+        error that ends the run, nor end a run by itself."""
+        try:
+            report.write_json(self.path, [dataclasses.asdict(a) for a in self.attempts])
+        except OSError as e:
+            print(f"warning: could not write {self.path}: {e}", file=sys.stderr)
 
 
 def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_requeues: int, train_steps: int) -> str:

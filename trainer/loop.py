@@ -7,6 +7,7 @@ The loop never computes a gradient; the update mode never logs or checkpoints. T
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import sys
 import time
@@ -149,7 +150,16 @@ class Loop:
 
     def _save(self, step: int) -> str:
         self.before_save(step)
-        path = self.checkpointer.save()
+        try:
+            path = self.checkpointer.save()
+        except (tf.errors.ResourceExhaustedError, OSError) as e:
+            if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
+                raise
+            latest = self.checkpointer.manager.latest_checkpoint
+            raise stop_lib.NoSpace(
+                f"no space left on device saving the checkpoint of step {step} in {self.config.model_dir}; "
+                f"the last whole checkpoint is {latest or 'none'}. Free space and rerun the same command to resume."
+            ) from e
         self.on_checkpoint(step)
         return path
 

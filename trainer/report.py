@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -28,10 +29,15 @@ def write_json(path: str, values) -> None:
     """Writes `values` as strict, indented JSON (NaN and infinities become null), atomically (a reader never
     sees a half-written file)."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(_strict(values), f, indent=2, sort_keys=True, default=_plain, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(_strict(values), f, indent=2, sort_keys=True, default=_plain, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # a full disk leaves no half-written .tmp behind
+        raise
 
 
 def write_text(path: str, text: str) -> None:

@@ -95,8 +95,8 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
             line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
             _log_line(line)
             raise
-        except stop_lib.Diverged as e:
-            attempts.end(f"diverged: {e}")
+        except (stop_lib.Diverged, stop_lib.NoSpace) as e:
+            attempts.end(f"{'diverged' if isinstance(e, stop_lib.Diverged) else 'failed'}: {e}")
             raise
         except BaseException as e:
             attempts.end(f"failed: {type(e).__name__}: {e}"[:500])

@@ -43,6 +43,10 @@ class Diverged(RuntimeError):
     carried it was not applied, and no non-finite weight was checkpointed or exported."""
 
 
+class NoSpace(RuntimeError):
+    """The disk filled up while saving a checkpoint; the previous checkpoint is whole. Free space, rerun."""
+
+
 class StopRequest:
     """Which stop signals arrived, and when the first did. Process-wide: see `REQUEST`."""
 
