@@ -105,7 +105,7 @@ def test_resume_with_another_model_fails_clearly(make_config, tmp_path):
     with pytest.raises(rundir.RunDirError, match="holds a run these flags would change \\(--model: 'cnn' -> 'mlp'\\)"):
         train(make_config(model={"name": "mlp"}, loop={"train_steps": 4}))
     # forced past that check, the checkpoint itself still refuses another model
-    with pytest.raises(RuntimeError, match="cannot resume from .*ckpt-2.*flags.txt"):
+    with pytest.raises(RuntimeError, match="cannot resume from .*ckpt-2.*flags.history"):
         train(make_config(model={"name": "mlp"}, loop={"train_steps": 4, "allow_flag_changes": True}))
 
 

@@ -42,11 +42,12 @@ def main(argv: list[str]) -> int:
 
     from data import DataError  # noqa: PLC0415 (deferred: keeps flag errors fast)
     from models import ModelError  # noqa: PLC0415
-    from trainer.run import train  # noqa: PLC0415 (imports TensorFlow)
+    from trainer.checkpoint import CheckpointMismatch  # noqa: PLC0415 (imports TensorFlow)
+    from trainer.run import train  # noqa: PLC0415
 
     try:
         train(config)
-    except (cfg.ConfigError, DataError, ModelError) as e:
+    except (cfg.ConfigError, DataError, ModelError, CheckpointMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
     except stop.StopRequested:

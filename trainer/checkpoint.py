@@ -26,14 +26,11 @@ class CheckpointMismatch(RuntimeError):
 class Checkpointer:
     """Saves and restores the training state in `model_dir`.
 
-    Construction removes the leftovers of interrupted saves and repairs the state file (both logged), before
-    the `tf.train.CheckpointManager` reads that file.
-
     Args:
       model_dir: directory of the run; checkpoints are `model_dir/ckpt-<step>`.
       keep: how many of the newest checkpoints to keep.
       step: the global step variable; checkpoints are numbered by it.
-      log: callable taking one line of text: what was skipped, repaired or removed.
+      log: callable taking one line of text: what a resume skipped, repaired or removed.
       **objects: trackables to save (model=..., optimizer=..., iterator=...).
     """
 
@@ -43,39 +40,50 @@ class Checkpointer:
         self.step = step
         self.log = log
         self.checkpoint = tf.train.Checkpoint(step=step, **objects)
-        self.candidates = _tidy(model_dir, log) if os.path.isdir(model_dir) else []
         self.saved_step: int | None = None  # the step of the checkpoint restored or last saved
-        self.manager = self._new_manager()
+        self._manager: tf.train.CheckpointManager | None = None
 
-    def _new_manager(self) -> tf.train.CheckpointManager:
-        return tf.train.CheckpointManager(
-            self.checkpoint, self.model_dir, max_to_keep=self.keep, step_counter=self.step
-        )
+    @property
+    def manager(self) -> tf.train.CheckpointManager:
+        """Built on first use: it reads the state file once, so only after `restore_latest` repaired it."""
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(
+                self.checkpoint, self.model_dir, max_to_keep=self.keep, step_counter=self.step
+            )
+        return self._manager
 
     def restore_latest(self) -> str | None:
         """Restores the newest checkpoint that reads back whole, if any; returns its path.
 
-        Newer checkpoints that do not read back whole are skipped, each with a line to `log` saying why; they
-        are the first to be rotated away. With none that reads back whole, the run starts from step 0.
+        First removes what interrupted saves left and repairs the state file (a missing or garbled one is
+        rebuilt from the checkpoints on disk), saying so through `log`. Newer checkpoints that do not read back
+        whole are skipped, each with a line saying why; they are the first to be rotated away. With none that
+        reads back whole, the run starts from step 0.
 
         Raises:
           CheckpointMismatch: (a RuntimeError) the newest checkpoint that reads back whole does not fit this
             run; the message names it and what differs. No older checkpoint is tried.
           tf.errors.OpError: the storage cannot be read now (permission denied, unavailable, ...).
         """
+        self._manager = None
+        candidates = _tidy(self.model_dir, self.log) if os.path.isdir(self.model_dir) else []
         skipped = []
-        for name in sorted(self.candidates, key=files.number, reverse=True):
+        for name in sorted(candidates, key=files.number, reverse=True):
             problem = files.unreadable(os.path.join(self.model_dir, name))
             if problem is None:
-                return self._restore(name, skipped)
+                path = self._restore(name)
+                if skipped:
+                    self._rotate_away_first(skipped, candidates)
+                    self.log(f"resuming from {name}, the newest checkpoint that reads back whole")
+                return path
             self.log(f"skipped checkpoint {name}: {problem}")
             skipped.append(name)
         if skipped:
-            self._rotate_away_first(skipped)
+            self._rotate_away_first(skipped, candidates)
             self.log(f"no checkpoint in {self.model_dir} reads back whole; starting from step 0")
         return None
 
-    def _restore(self, name: str, skipped: list[str]) -> str:
+    def _restore(self, name: str) -> str:
         path = os.path.join(self.model_dir, name)
         try:
             self.checkpoint.restore(path).assert_existing_objects_matched()
@@ -84,23 +92,18 @@ class Checkpointer:
             raise CheckpointMismatch(
                 f"cannot resume from {path}: it reads back whole but does not match this run's "
                 f"model/optimizer/data ({type(e).__name__}: {e}). Use a new --model_dir, or the flags of the run "
-                f"that wrote it ({os.path.join(self.model_dir, 'flags.txt')})."
+                f"that wrote it (the first start in {os.path.join(self.model_dir, 'flags.history')})."
             ) from e
         self.saved_step = int(self.step.numpy())
-        if skipped:
-            self._rotate_away_first(skipped)
-            self.log(f"resuming from {name}, the newest checkpoint that reads back whole")
         return path
 
-    def _rotate_away_first(self, skipped: list[str]) -> None:
+    def _rotate_away_first(self, skipped: list[str], candidates: list[str]) -> None:
         """Lists the skipped checkpoints as the oldest in the state file, so the manager deletes them first
-        (or overwrites them when it saves their step again) and no longer takes them for the newest."""
+        (or overwrites them when it saves their step again) and never takes one for the newest."""
         skipped = sorted(skipped, key=files.number)
         state, _ = files.read_state(self.model_dir)
-        files.write_state(
-            self.model_dir, skipped + [n for n in self.candidates if n not in skipped], state.timestamps
-        )
-        self.manager = self._new_manager()
+        names = skipped + [n for n in candidates if n not in skipped]
+        files.write_state(self.model_dir, names, state.timestamps if state else {})
 
     def save(self) -> str:
         """Saves at the current step (a no-op when that step is the one restored or last saved); returns the
