@@ -106,6 +106,17 @@ class RunConfig:
     flags_text: str = ""  # the absl flagfile that reproduces this run, written to model_dir/flags.txt
 
 
+def flatten(config: RunConfig) -> dict:
+    """The run's settings as one flat dict (`towers.num_towers`, `optimizer.learning_rate`, `seed`, ...)."""
+    flat = {}
+    for group, values in dataclasses.asdict(config).items():
+        if isinstance(values, dict):
+            flat.update({f"{group}.{k}": v for k, v in values.items()})
+        elif group != "flags_text":
+            flat[group] = values
+    return flat
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)

@@ -21,7 +21,7 @@ from trainer import determinism, devices, optim, report, rundir, towers
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
-from trainer.config import DataConfig, RunConfig, validate
+from trainer.config import DataConfig, RunConfig, flatten, validate
 from trainer.evaluate import Evaluator
 from trainer.loop import Loop
 from trainer.summaries import Summaries, purge_events, variable_tags
@@ -346,13 +346,7 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
 
 def hparams(config: RunConfig) -> dict:
     """The run's settings, flattened (`towers.num_towers`, `optimizer.learning_rate`, ...) for TensorBoard."""
-    flat = {}
-    for group, values in dataclasses.asdict(config).items():
-        if isinstance(values, dict):
-            flat.update({f"{group}.{k}": v for k, v in values.items()})
-        elif group != "flags_text":
-            flat[group] = values
-    return flat
+    return flatten(config)
 
 
 def _log_line(text: str) -> None:

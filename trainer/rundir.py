@@ -9,7 +9,6 @@ differences unless `--allow_flag_changes` is given. Settings that may change on 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import fcntl
 import glob
@@ -18,7 +17,7 @@ import os
 import socket
 
 from trainer import report
-from trainer.config import ConfigError, RunConfig
+from trainer.config import ConfigError, RunConfig, flatten
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
@@ -92,20 +91,14 @@ class RunLock:
 def _holder() -> str:
     job = os.environ.get("SLURM_JOB_ID")
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return (
-        f"host {socket.gethostname()}, pid {os.getpid()}" + (f", slurm job {job}" if job else "") + f", since {started}"
-    )
+    slurm = f", slurm job {job}" if job else ""
+    return f"host {socket.gethostname()}, pid {os.getpid()}{slurm}, since {started}"
 
 
 def defining_settings(config: RunConfig) -> dict:
     """The settings that define what is trained, flattened (`optimizer.learning_rate`, ...), with resolved
     values (`towers.num_micro_batches`, not the 0 that means one per tower)."""
-    flat = {}
-    for group, values in dataclasses.asdict(config).items():
-        if isinstance(values, dict):
-            flat.update({f"{group}.{k}": v for k, v in values.items()})
-        elif group != "flags_text":
-            flat[group] = values
+    flat = flatten(config)
     flat.pop("towers.micro_batches")
     flat["towers.num_micro_batches"] = config.towers.num_micro_batches
     changeable = MAY_CHANGE | (SYNC_MAY_CHANGE if config.towers.update_mode == "sync" else set())
