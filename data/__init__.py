@@ -12,11 +12,16 @@ from typing import TYPE_CHECKING
 from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
 
 if TYPE_CHECKING:
+    from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
+    from data.integrity import BadRecords
     from data.reader import inspect_records, list_files, make_dataset
     from data.writer import write_dense_records, write_image_records
 
 _LAZY = {
+    "BadRecords": "data.integrity",
+    "check_records": "data.check",
+    "find_bad_record": "data.check",
     "inspect_records": "data.reader",
     "make_dataset": "data.reader",
     "list_files": "data.reader",
@@ -26,11 +31,14 @@ _LAZY = {
 }
 
 __all__ = [
+    "BadRecords",
     "DataError",
     "DenseSchema",
     "ImageSchema",
     "RecordInfo",
+    "check_records",
     "ensure_digits",
+    "find_bad_record",
     "inspect_records",
     "list_files",
     "make_dataset",

@@ -6,12 +6,12 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 from data import schema as schema_lib
+from data.integrity import BadRecords
+from data.parse import batch_parser
 from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
 
 # Parallel interleave reads at most this many files at once; more only costs memory for read buffers.
 _MAX_CYCLE_LENGTH = 8
-# Images of one batch decoded concurrently; the loop overhead, not the decoding, limits small images.
-_DECODE_PARALLELISM = 32
 
 
 def list_files(pattern: str, *, what: str = "data") -> tuple[str, ...]:
@@ -167,6 +167,8 @@ def make_dataset(
     num_workers: int = 1,
     shuffle_buffer: int = 10_000,
     drop_remainder: bool | None = None,
+    num_classes: int | None = None,
+    bad_records: BadRecords | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline: (features float32 [B, *example_shape], labels int32 [B]) batches.
 
@@ -177,6 +179,11 @@ def make_dataset(
     The shuffle buffer holds serialized records, so its memory and checkpoint size are those of the files.
     The pipeline is deterministic and checkpointable with `tf.train.Checkpoint(iterator=iter(ds))`.
 
+    Bad records fail the pipeline with a TensorFlow error that names no file: a corrupt record (bad CRC,
+    truncated file) beyond `bad_records.max_bad_records` in training (they are skipped up to it) or any in
+    eval, a record that does not parse or decode, a label outside [0, num_classes).
+    `bad_records.explain(error, training)` turns the error into a DataError naming the file and the record.
+
     Args:
         info: From `inspect_records`.
         batch_size: Examples per batch (the global batch for this worker).
@@ -186,6 +193,9 @@ def make_dataset(
         num_workers: Number of workers the files are split between.
         shuffle_buffer: Records in the shuffle buffer (training only). The buffer is saved in checkpoints.
         drop_remainder: Whether to drop a short last batch; None means True for training, False for eval.
+        num_classes: Labels (after the schema's label_offset) must lie in [0, num_classes); None: unchecked.
+        bad_records: The run's budget and count of corrupt records, shared by its pipelines; None: a budget
+            of 0, and no way to explain a failure.
 
     Returns:
         The tf.data.Dataset.
@@ -194,21 +204,24 @@ def make_dataset(
         DataError: For a bad argument, or (training) fewer files than workers.
     """
     _check_dataset_args(batch_size, worker_index, num_workers, shuffle_buffer)
+    bad_records = bad_records or BadRecords()
+    bad_records.register(info, num_classes, training)
     if training:
-        records = _training_records(info.files, seed, worker_index, num_workers, shuffle_buffer)
+        read = bad_records.chunk_reader(info)
+        records = _training_records(info.files, seed, worker_index, num_workers, shuffle_buffer, read)
     else:
         records = _eval_records(info.files, worker_index, num_workers)
     drop = training if drop_remainder is None else drop_remainder
-    if isinstance(info.schema, ImageSchema):
-        parse = _image_parser(info.schema, info.example_shape)
-    else:
-        parse = _dense_parser(info.schema, info.example_shape)
+    parse = batch_parser(info, num_classes)
     # Parse whole batches: one vectorized parse op per batch instead of one per example. Per-element
     # tf.data overhead dominates small images: this reads the 8x8 digits ~1.5x faster on 2 cores.
     dataset = records.batch(batch_size, drop_remainder=drop)
     dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
+    # Reading training files writes bad_records' table, which the run checkpoints itself; without IGNORE,
+    # saving the iterator refuses a pipeline with such stateful ops.
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
@@ -224,7 +237,7 @@ def _check_dataset_args(batch_size: int, worker_index: int, num_workers: int, sh
 
 
 def _training_records(
-    files: tuple[str, ...], seed: int, worker_index: int, num_workers: int, shuffle_buffer: int
+    files: tuple[str, ...], seed: int, worker_index: int, num_workers: int, shuffle_buffer: int, read_chunks
 ) -> tf.data.Dataset:
     if len(files) < num_workers:
         raise DataError(
@@ -235,12 +248,15 @@ def _training_records(
     own_files = list(files[worker_index::num_workers])
     filenames = tf.data.Dataset.from_tensor_slices(own_files)
     filenames = filenames.shuffle(len(own_files), seed=seed, reshuffle_each_iteration=True)
-    records = filenames.interleave(
-        tf.data.TFRecordDataset,
+    # Each file yields chunks of its records (data.integrity counts their bytes to find corrupt ones), and
+    # whole chunks cross the interleave: its per-element cost is then paid per chunk, not per record.
+    chunks = filenames.interleave(
+        read_chunks,
         cycle_length=min(len(own_files), _MAX_CYCLE_LENGTH),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
+    records = chunks.unbatch()
     # Shuffle the serialized records, not the decoded float tensors: the buffer (kept in memory and in
     # every checkpoint) is then as small as the files, e.g. ~100 KB per ImageNet JPEG instead of 600 KB.
     records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
@@ -253,50 +269,3 @@ def _eval_records(files: tuple[str, ...], worker_index: int, num_workers: int) -
     # Too few files to give each worker its own: every worker reads all files and keeps every
     # num_workers-th record. Slower, but eval must see each example exactly once whatever the sharding.
     return tf.data.TFRecordDataset(list(files)).shard(num_workers, worker_index)
-
-
-def _image_parser(schema: ImageSchema, shape: tuple[int, ...]):
-    height, width, channels = shape
-    spec = {
-        schema_lib.IMAGE_ENCODED_KEY: tf.io.FixedLenFeature([], tf.string),
-        schema_lib.IMAGE_LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
-    }
-    mismatch = (
-        f"an image is not {height}x{width}x{channels} like the first record; pass --image_size=H,W "
-        "(ImageSchema.image_size) to resize every image to one size"
-    )
-
-    def decode(encoded: tf.Tensor) -> tf.Tensor:
-        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-        if schema.image_size is not None:
-            return tf.image.resize(image, schema.image_size, method="bilinear")
-        check = tf.debugging.assert_equal(tf.shape(image)[:2], [height, width], message=mismatch)
-        with tf.control_dependencies([check]):
-            return tf.cast(tf.ensure_shape(image, shape), tf.float32)
-
-    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        example = tf.io.parse_example(serialized, spec)
-        images = tf.map_fn(
-            decode,
-            example[schema_lib.IMAGE_ENCODED_KEY],
-            fn_output_signature=tf.TensorSpec(shape, tf.float32),
-            parallel_iterations=_DECODE_PARALLELISM,
-        )
-        label = tf.cast(example[schema_lib.IMAGE_LABEL_KEY] - schema.label_offset, tf.int32)
-        return images / 255.0, label
-
-    return parse
-
-
-def _dense_parser(schema: DenseSchema, shape: tuple[int, ...]):
-    spec = {
-        schema.feature_key: tf.io.FixedLenFeature(list(shape), tf.float32),
-        schema.label_key: tf.io.FixedLenFeature([], tf.int64),
-    }
-
-    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        example = tf.io.parse_example(serialized, spec)
-        label = tf.cast(example[schema.label_key] - schema.label_offset, tf.int32)
-        return example[schema.feature_key], label
-
-    return parse

@@ -107,3 +107,15 @@ def test_tensorboard_steps_stay_increasing_after_a_kill_and_resume(make_config, 
     acc = event_accumulator.EventAccumulator(str(run / "train"), size_guidance={event_accumulator.TENSORS: 0})
     acc.Reload()
     assert len(acc.Tensors("_hparams_/session_start_info")) == 1
+
+
+def test_a_setting_the_recorded_run_predates_counts_as_its_default(make_config, tmp_path):
+    train(make_config(loop={"train_steps": 2, "checkpoint_every_steps": 2}))
+    path = tmp_path / "run" / rundir.RUN_FILE
+    recorded = json.loads(path.read_text())
+    del recorded["data.shuffle_buffer"], recorded["seed"]  # as a run.json written before these settings existed
+    path.write_text(json.dumps(recorded))
+    assert train(make_config(loop={"train_steps": 4}))["global_step"] == 4
+    path.write_text(json.dumps({**recorded, "seed": 9}))
+    with pytest.raises(rundir.RunDirError, match=r"--seed: 9 -> 0"):
+        train(make_config(loop={"train_steps": 6}))

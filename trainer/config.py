@@ -36,6 +36,7 @@ class DataConfig:
     label_key: str = "label"
     shuffle_buffer: int = 10_000
     eval_batch_size: int = 0  # 0: the global batch size
+    max_bad_records: int = 0  # corrupt training records (bad CRC, truncated file) skipped before failing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +197,7 @@ def _validate_data(d: DataConfig) -> None:
         _require(not d.eval_data, "--eval_data needs --train_data (without both, the built-in digits are used)")
     _require(d.shuffle_buffer >= 1, f"--shuffle_buffer ({d.shuffle_buffer}) must be at least 1")
     _require(d.eval_batch_size >= 0, f"--eval_batch_size ({d.eval_batch_size}) must be >= 0")
+    _require(d.max_bad_records >= 0, f"--max_bad_records ({d.max_bad_records}) must be >= 0")
     if d.image_size is not None:
         _require(
             len(d.image_size) == 2 and min(d.image_size) >= 1,

@@ -13,17 +13,38 @@ class Evaluator:
 
     Each batch is split into N near-equal parts (the last batch may be short, so the parts may differ by one
     example); tower i scores part i; sums are reduced on the parameter device in tower order.
+
+    Args:
+      model: the Keras model (logits out).
+      placement: tower and parameter devices.
+      make_dataset: () -> finite dataset of (features, labels).
+      explain: error -> the exception to raise instead (e.g. a `data.DataError` naming a bad eval record), or
+        None to raise the error itself; called when evaluating raises a `tf.errors.OpError`.
     """
 
-    def __init__(self, model, placement: Placement, make_dataset):
+    def __init__(self, model, placement: Placement, make_dataset, explain=None):
         self.model = model
         self.placement = placement
-        self.make_dataset = make_dataset  # () -> finite dataset of (features, labels)
+        self.make_dataset = make_dataset
+        self.explain = explain or (lambda error: None)
         self._eval_fn = tf.function(self._batch_sums)
 
     def evaluate(self, should_stop=None) -> dict | None:
         """Returns {"eval_loss", "eval_accuracy", "eval_examples"} as Python numbers, or None when
-        `should_stop()` turned true between two batches (a stop request does not wait for a long eval)."""
+        `should_stop()` turned true between two batches (a stop request does not wait for a long eval).
+
+        Raises:
+          What `explain` makes of a `tf.errors.OpError` (the eval data's own failures surface here).
+        """
+        try:
+            return self._evaluate(should_stop)
+        except tf.errors.OpError as e:
+            explained = self.explain(e)
+            if explained is None:
+                raise
+            raise explained from e
+
+    def _evaluate(self, should_stop) -> dict | None:
         loss_sum, correct, count = 0.0, 0, 0
         for features, labels in self.make_dataset():
             if should_stop is not None and should_stop():

@@ -108,6 +108,13 @@ def _define_data_flags() -> None:
     flags.DEFINE_string("label_key", "label", "Dense records: key of the int64 label.")
     flags.DEFINE_integer("shuffle_buffer", 10_000, "Records in the shuffle buffer (saved in every checkpoint).")
     flags.DEFINE_integer("eval_batch_size", 0, "Examples per eval batch; 0: --global_batch_size.")
+    flags.DEFINE_integer(
+        "max_bad_records",
+        0,
+        "Corrupt training records (bad CRC, truncated file) to skip before failing, each with the rest of its "
+        "file, which the reader cannot resynchronise on; each is named on stderr once. A record that does not "
+        "parse or decode, a label outside [0, --num_classes) and any bad eval record always fail the run.",
+    )
 
 
 def _define_optimizer_flags() -> None:
@@ -215,6 +222,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.label_key,
             f.shuffle_buffer,
             f.eval_batch_size,
+            f.max_bad_records,
         ),
         model=cfg.ModelConfig(f.model),
         optimizer=cfg.OptimizerConfig(

@@ -71,6 +71,7 @@ class Loop:
       stop: the stop request the loop honours after every step (`trainer.stop.REQUEST` by default).
       on_checkpoint: called with the step after every checkpoint save (e.g. to record the attempt).
       before_save: called with the step before every save; raises (e.g. `trainer.stop.Diverged`) to prevent it.
+      extra_scalars: returns more train scalars to log at every log step (e.g. the bad-record count).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class Loop:
         stop: stop_lib.StopRequest | None = None,
         on_checkpoint=None,
         before_save=None,
+        extra_scalars=None,
     ):
         self.mode = mode
         self.config = config
@@ -102,6 +104,7 @@ class Loop:
         self.stop = stop or stop_lib.REQUEST
         self.on_checkpoint = on_checkpoint or (lambda step: None)
         self.before_save = before_save or (lambda step: None)
+        self.extra_scalars = extra_scalars or dict
         self.start_step: int | None = None
         self.training_since: float | None = None  # time.monotonic() when run() began
         self._progress = sys.stdout.isatty()
@@ -229,6 +232,7 @@ class Loop:
         }
         if "staleness_mean" in t:
             scalars.update(staleness_mean=t["staleness_mean"], staleness_max=t["staleness_max"])
+        scalars.update(self.extra_scalars())
         self.summaries.scalars("train", step, scalars)
         eta = (self.config.train_steps - step) * t["step_sec"]
         self._clear_progress()

@@ -24,6 +24,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.config import DataConfig, RunConfig, flatten, validate
 from trainer.evaluate import Evaluator
 from trainer.loop import Loop
+from trainer.staleness import TowerFailed
 from trainer.summaries import Summaries, purge_events, variable_tags
 from trainer.sync import SyncUpdate
 
@@ -156,9 +157,15 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         stop=stop,
         on_checkpoint=on_checkpoint,
         before_save=lambda step: _require_finite(state.model, step, "saving a checkpoint"),
+        extra_scalars=lambda: {"bad_records": state.bad_records.count} if state.bad_records else {},
     )
     try:
         return loop.run()
+    except (tf.errors.OpError, TowerFailed) as e:  # what `next(iterator)` in a step raised for bad data
+        explained = state.bad_records and state.bad_records.explain(e, training=True, log=_log_line)
+        if explained is None:
+            raise
+        raise explained from e
     finally:
         state.mode.close()
         summaries.close()
@@ -183,6 +190,7 @@ class Trainer:
     mode: SyncUpdate | AsyncUpdate
     evaluator: Evaluator
     checkpointer: Checkpointer
+    bad_records: data.BadRecords | None = None  # `.count`: corrupt training records skipped so far
 
 
 def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Trainer:
@@ -202,12 +210,13 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     placement = devices.resolve(config.towers)
     determinism.configure(config.seed, config.deterministic)
     inputs = resolve_inputs(config.data)
+    # Every eval record once (CRCs, keys, labels; not the image decode, 8x slower): a bad eval file fails
+    # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
+    data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
+    bad_records = data.BadRecords(config.data.max_bad_records)
     model, optimizer, global_step = _build_model(config, placement, inputs)
-    iterators = _train_iterators(config, placement, inputs, train_dataset)
-    eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
-    evaluator = Evaluator(
-        model, placement, lambda: data.make_dataset(inputs.eval, batch_size=eval_batch, training=False)
-    )
+    iterators = _train_iterators(config, placement, inputs, train_dataset, bad_records)
+    evaluator = _make_evaluator(config, model, placement, inputs, bad_records)
     mode = _make_mode(config, model, optimizer, placement, global_step, iterators)
     named_iterators = {f"iterator_{i}": it for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
@@ -217,9 +226,23 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         log=_log_line,
         model=model,
         optimizer=optimizer,
+        bad_records=bad_records.table,  # so the count, and the records already skipped, survive a resume
         **named_iterators,
     )
-    return Trainer(config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer)
+    return Trainer(
+        config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer, bad_records
+    )
+
+
+def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inputs: Inputs, bad_records):
+    eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
+
+    def make_dataset():
+        return data.make_dataset(
+            inputs.eval, batch_size=eval_batch, training=False, num_classes=inputs.num_classes, bad_records=bad_records
+        )
+
+    return Evaluator(model, placement, make_dataset, explain=lambda e: bad_records.explain(e, False, _log_line))
 
 
 def _build_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
@@ -254,7 +277,9 @@ def _make_optimizer(config: RunConfig, global_step: tf.Variable):
     )
 
 
-def _train_iterators(config: RunConfig, placement: devices.Placement, inputs: Inputs, train_dataset) -> list:
+def _train_iterators(
+    config: RunConfig, placement: devices.Placement, inputs: Inputs, train_dataset, bad_records: data.BadRecords
+) -> list:
     """Sync: one iterator of global batches. Async: one per tower, each over its own share of the files,
     yielding micro-batches, so no example is read twice per epoch across towers."""
     t = config.towers
@@ -272,6 +297,8 @@ def _train_iterators(config: RunConfig, placement: devices.Placement, inputs: In
                 worker_index=i,
                 num_workers=shares,
                 shuffle_buffer=config.data.shuffle_buffer,
+                num_classes=inputs.num_classes,
+                bad_records=bad_records,
             )
             for i in range(shares)
         ]
@@ -323,6 +350,7 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
         "eval_accuracy": results.get("eval_accuracy"),
         "eval_examples": results.get("eval_examples"),
         "examples_per_sec": attempts.examples_per_sec(),  # over every attempt of the run
+        "bad_records": state.bad_records.count if state.bad_records else 0,
         "attempts": attempts.summary(),
         "num_towers": t.num_towers,
         "micro_batches": t.num_micro_batches,

@@ -37,6 +37,7 @@ MAY_CHANGE = {
     "loop.allow_flag_changes",
     "data.eval_data",
     "data.eval_batch_size",
+    "data.max_bad_records",
     "towers.device",
     "towers.parameter_device",
     "towers.jit_compile",
@@ -121,7 +122,8 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
     has_checkpoint = bool(glob.glob(os.path.join(model_dir, "ckpt-*.index")))
     if has_checkpoint and os.path.exists(path):
         with open(path) as f:
-            recorded = json.load(f)
+            # a setting newer than the recorded run had its default value then
+            recorded = {**defining_settings(RunConfig()), **json.load(f)}
         changes = [
             f"--{FLAG_NAMES.get(k, k.split('.')[-1])}: {recorded.get(k)!r} -> {current.get(k)!r}"
             for k in sorted(set(recorded) | set(current))
