@@ -202,7 +202,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     placement = devices.resolve(config.towers)
     determinism.configure(config.seed, config.deterministic)
     inputs = resolve_inputs(config.data)
-    model, optimizer, global_step = _build_model(config, placement, inputs)
+    model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
     iterators = _train_iterators(config, placement, inputs, train_dataset)
     eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
     evaluator = Evaluator(
@@ -222,7 +222,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     return Trainer(config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer)
 
 
-def _build_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
+def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, inputs: Inputs):
     """Model, optimizer (slots built) and global step on the parameter device; with `spread_over`, each
     model variable and its slots on its owner (`trainer.spread`), the step and learning rate on the first
     tower's device."""
