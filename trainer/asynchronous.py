@@ -16,6 +16,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from trainer import spread
 from trainer import towers as tw
 from trainer.devices import Placement
 from trainer.staleness import Gate, Stopped, TowerFailed
@@ -148,9 +149,9 @@ class AsyncUpdate:
                 features, labels = next(iterator)
             with tf.device(self.placement.parameter_device):
                 step = self.global_step.read_value()
-                trainable = [tf.identity(v.value) for v in self.model.trainable_variables]
-                non_trainable = [tf.identity(v.value) for v in self.model.non_trainable_variables]
                 loss_scale = tw.loss_scale(self.optimizer)
+            trainable = spread.read_values(self.model.trainable_variables)
+            non_trainable = spread.read_values(self.model.non_trainable_variables)
             with tf.device(device):
                 state = tw.micro_batch_seeds(non_trainable, self._seed_flags, step, tower, num_towers)
                 result = self._micro_batch(trainable, state, features, labels, loss_scale)

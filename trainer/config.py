@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 DEVICE_KINDS = ("gpu", "cpu")
-PARAMETER_DEVICES = ("gpu", "cpu")
+PARAMETER_DEVICES = ("gpu", "cpu", "spread")
 UPDATE_MODES = ("sync", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")

@@ -21,8 +21,9 @@ class Placement:
     """Where each part of a step runs."""
 
     towers: tuple[str, ...]  # one device string per tower
-    parameter_device: str  # holds the single copy of the variables and optimizer slots
+    parameter_device: str  # the variables and optimizer slots (spread: the step, learning rate, loss sums)
     host: str = HOST_DEVICE  # input pipeline and the split of the global batch
+    spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (trainer.spread)
 
 
 def configure_logical_cpus(num_devices: int) -> None:
@@ -63,8 +64,9 @@ def resolve(config: TowerConfig) -> Placement:
             f"but TensorFlow was already initialised with {found}; configure them before the first op."
         )
     towers = tuple(f"/device:{kind}:{i}" for i in range(config.num_towers))
-    parameter_device = towers[0] if config.parameter_device == "gpu" else HOST_DEVICE
-    return Placement(towers=towers, parameter_device=parameter_device)
+    parameter_device = HOST_DEVICE if config.parameter_device == "cpu" else towers[0]
+    spread_over = towers if config.parameter_device == "spread" else ()
+    return Placement(towers=towers, parameter_device=parameter_device, spread_over=spread_over)
 
 
 def tower_of_micro_batch(index: int, num_micro_batches: int, num_towers: int) -> int:

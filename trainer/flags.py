@@ -35,7 +35,8 @@ def _define_tower_flags() -> None:
         "gpu",
         list(cfg.PARAMETER_DEVICES),
         "Where the single copy of the variables and optimizer slots lives. gpu: the first tower's "
-        "device (/cpu:0 with --device=cpu). cpu: the host.",
+        "device (/cpu:0 with --device=cpu). cpu: the host. spread: each variable and its slots on one "
+        "tower's device, balanced by bytes; same weights bitwise, less traffic through any one device.",
     )
     flags.DEFINE_string(
         "model",

@@ -17,7 +17,7 @@ import data
 import models
 from launch import cluster
 from trainer import attempts as attempts_lib
-from trainer import determinism, devices, optim, report, rundir, towers
+from trainer import determinism, devices, optim, report, rundir, spread, towers
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
@@ -214,7 +214,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
     data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
     bad_records = data.BadRecords(config.data.max_bad_records)
-    model, optimizer, global_step = _build_model(config, placement, inputs)
+    model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
     iterators = _train_iterators(config, placement, inputs, train_dataset, bad_records)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records)
     mode = _make_mode(config, model, optimizer, placement, global_step, iterators)
@@ -245,17 +245,29 @@ def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inpu
     return Evaluator(model, placement, make_dataset, explain=lambda e: bad_records.explain(e, False, _log_line))
 
 
-def _build_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
-    """Model, optimizer (slots built) and global step, all on the parameter device."""
+def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, inputs: Inputs):
+    """Model, optimizer (slots built) and global step on the parameter device; with `spread_over`, each
+    model variable and its slots on its owner (`trainer.spread`), the step and learning rate on the first
+    tower's device."""
     _set_precision(config.towers.mixed_precision)
     with tf.device(placement.parameter_device):
-        model = models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
+        model = _build_placed_model(config, placement, inputs)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = _make_optimizer(config, global_step)
         if config.towers.mixed_precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
+        optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
+        spread.place_updates(optimizer)
     return model, optimizer, global_step
+
+
+def _build_placed_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
+    def build_fn():
+        return models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
+
+    if not placement.spread_over:
+        return build_fn()
+    return spread.build_spread(build_fn, placement.spread_over, reseed=lambda: keras.utils.set_random_seed(config.seed))
 
 
 def _make_optimizer(config: RunConfig, global_step: tf.Variable):
@@ -358,6 +370,8 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
         "update_mode": t.update_mode,
         "deterministic": config.deterministic,
         "model": config.model.name,
+        "placement": t.parameter_device,
+        "parameter_devices": spread.parameter_devices([*state.model.variables, *state.optimizer.variables]),
         "weights_sha256": report.weights_sha256(state.model.variables),
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
     }

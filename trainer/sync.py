@@ -11,6 +11,7 @@ import time
 
 import tensorflow as tf
 
+from trainer import spread
 from trainer import towers as tw
 from trainer.devices import Placement, tower_of_micro_batch
 from trainer.stop import Diverged
@@ -26,7 +27,8 @@ class SyncUpdate:
     """The sync update mode. `train_steps(n)` runs n global steps and returns their metrics.
 
     Args:
-      model: Keras model (logits out) whose variables live on `placement.parameter_device`.
+      model: Keras model (logits out) whose variables live on `placement.parameter_device` or, spread, each
+        on its owner (`trainer.spread`).
       optimizer: built Keras optimizer (slots on the parameter device).
       placement: tower and parameter devices.
       num_micro_batches: K; a multiple of the number of towers.
@@ -59,6 +61,10 @@ class SyncUpdate:
         self.clip_global_norm = clip_global_norm
         self.examples_per_step = int(iterator.element_spec[1].shape[0])
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+        self._owners = (
+            [spread.device_of(v) for v in model.trainable_variables],
+            [spread.device_of(v) for v in model.non_trainable_variables],
+        )
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
 
@@ -111,11 +117,9 @@ class SyncUpdate:
             label_parts = tf.split(labels, self.num_micro_batches)
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
-            # identity: a bare read is forwarded into function calls as the variable itself, which an XLA
-            # cluster on another tower's device may not touch; a tensor copied to the tower is what it needs.
-            trainable = [tf.identity(v.value) for v in self.model.trainable_variables]
-            non_trainable = [tf.identity(v.value) for v in self.model.non_trainable_variables]
             loss_scale = tw.loss_scale(self.optimizer)
+        trainable = spread.read_values(self.model.trainable_variables)
+        non_trainable = spread.read_values(self.model.non_trainable_variables)
         results, tower_sec = self._run_towers(
             feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
         )
@@ -148,7 +152,7 @@ class SyncUpdate:
         return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
     def _apply(self, results, loss_scale, old_state):
-        loss, correct, grads, new_state = tw.combine(results, self._seed_flags, old_state)
+        loss, correct, grads, new_state = tw.combine(results, self._seed_flags, old_state, self._owners)
         applied = tw.apply_update(
             self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
         )

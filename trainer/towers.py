@@ -118,33 +118,44 @@ def ordered_mean(tensors):
     return ordered_sum(tensors) / tf.cast(len(tensors), tensors[0].dtype)
 
 
-def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state: list[tf.Tensor]):
+def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state: list[tf.Tensor], owners):
     """Reduces per-micro-batch results in micro-batch index order (call under the parameter device).
+
+    Each variable's gradients and new values are reduced on the device that owns the variable, so only the
+    loss and accuracy sums (scalars) meet on the parameter device.
 
     Args:
       old_state: the non-trainable values the micro-batches started from.
+      owners: (devices of the trainable variables, devices of the non-trainable variables).
 
     Returns:
       (mean loss, total correct, mean gradients, new non-trainable values or None for seed states).
     """
     loss = ordered_mean([r.loss for r in results])
     correct = ordered_sum([r.correct for r in results])
-    grads = [ordered_mean(list(g)) for g in zip(*(r.grads for r in results), strict=True)]
+    grads = []
+    for device, g in zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True):
+        with tf.device(device):
+            grads.append(ordered_mean(list(g)))
     new_state = []
-    for i, seed_flag in enumerate(seed_flags):
-        values = [r.non_trainable[i] for r in results]
-        if seed_flag:
-            new_state.append(None)  # seeds are a function of the step: nothing to carry over
-        elif values[0].dtype.is_floating:
-            # BatchNorm: mean of the K updates from the same old value == one update with the mean
-            # micro-batch statistic; the same for every tower count. Where no micro-batch changed a value
-            # (frozen BatchNorm, Normalization), (K * x) / K can differ from x by an ulp unless K is a power
-            # of two: keep x itself there, so untouched state never drifts.
-            unchanged = tf.reduce_all(tf.stack([tf.equal(v, old_state[i]) for v in values]), axis=0)
-            new_state.append(tf.where(unchanged, old_state[i], ordered_mean(values)))
-        else:
-            new_state.append(values[-1])
+    for i, (seed_flag, device) in enumerate(zip(seed_flags, owners[1], strict=True)):
+        with tf.device(device):
+            new_state.append(_combine_state([r.non_trainable[i] for r in results], seed_flag, old_state[i]))
     return loss, correct, grads, new_state
+
+
+def _combine_state(values: list[tf.Tensor], seed_flag: bool, old: tf.Tensor):
+    """One non-trainable variable's new value from its K micro-batch values."""
+    if seed_flag:
+        return None  # seeds are a function of the step: nothing to carry over
+    if values[0].dtype.is_floating:
+        # BatchNorm: mean of the K updates from the same old value == one update with the mean micro-batch
+        # statistic; the same for every tower count. Where no micro-batch changed a value (frozen BatchNorm,
+        # Normalization), (K * x) / K can differ from x by an ulp unless K is a power of two: keep x itself
+        # there, so untouched state never drifts.
+        unchanged = tf.reduce_all(tf.stack([tf.equal(v, old) for v in values]), axis=0)
+        return tf.where(unchanged, old, ordered_mean(values))
+    return values[-1]
 
 
 def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_scale, clip_global_norm: float) -> dict:
@@ -176,7 +187,8 @@ def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_sca
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
             if value is not None:
-                variable.assign(value)
+                with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
+                    variable.assign(value)
         return global_step.assign_add(1)
 
     if loss_scale is None:

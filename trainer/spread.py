@@ -1,0 +1,157 @@
+"""`--parameter_device=spread`: every variable and its optimizer slots live on one tower's device.
+
+With one parameter device, that device receives every micro-batch's gradient of every variable and sends a
+copy of every variable to every other tower each step. Spread over the N towers, each device owns about 1/N
+of the model's bytes and moves about 2(N-1)/N x model bytes per step (`trainer.traffic` measures it).
+
+The assignment is greedy by bytes in `model.variables` order: each variable goes to the device holding the
+fewest bytes so far, ties to the lowest index. It depends only on the variables' shapes and dtypes, so it is
+the same in every process and on every rerun. The arithmetic of a step is unchanged (the same per-element
+add chain in micro-batch order); only where each op runs changes, so the weights are bitwise those of
+`--parameter_device=gpu|cpu`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import tensorflow as tf
+
+
+def variable_bytes(variable) -> int:
+    """Bytes of one variable's value (static shape x dtype size)."""
+    return int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
+
+
+def assign(sizes: list[int], num_devices: int) -> list[int]:
+    """Device index of each variable: greedy, in the given order, to the least-loaded device (lowest index
+    on a tie). The busiest device then holds at most the mean plus one variable: its last variable arrived
+    when it was the least loaded, so before it, it held no more than the final mean."""
+    loads = [0] * num_devices
+    owners = []
+    for size in sizes:
+        device = loads.index(min(loads))  # index() finds the first minimum: the lowest index on a tie
+        loads[device] += size
+        owners.append(device)
+    return owners
+
+
+@contextlib.contextmanager
+def _record_creation(created: list):
+    """Appends every tf.Variable created inside to `created`, in creation order."""
+
+    def creator(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        created.append(variable)
+        return variable
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+@contextlib.contextmanager
+def _place_creation(devices_in_order: list):
+    """Creates the i-th tf.Variable under `devices_in_order[i]` (None, or past the end: the ambient device)."""
+    count = [0]
+
+    def creator(next_creator, **kwargs):
+        index, count[0] = count[0], count[0] + 1
+        device = devices_in_order[index] if index < len(devices_in_order) else None
+        with tf.device(device):
+            return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+def build_spread(build_fn, devices: tuple[str, ...], reseed):
+    """Builds the model twice: once to learn its variables, then with each variable created on its owner.
+
+    Keras creates a layer's variables when the layer is built, before the model's variable order is known,
+    so the first build gives shapes and the order in which tf.Variables are created; the second build,
+    after `reseed()` restores the RNG state the first one started from, draws the same initial values
+    (tested: same `weights_sha256` as a single build) and places each tf.Variable as it is created.
+
+    Args:
+      build_fn: () -> built keras.Model.
+      devices: the devices to spread over, in tower order.
+      reseed: () -> None; resets the random state to what `build_fn` saw the first time.
+
+    Raises:
+      RuntimeError: the second build did not create its variables in the order of the first.
+    """
+    created: list = []
+    with _record_creation(created):
+        probe = build_fn()
+    owners = assign([variable_bytes(v) for v in probe.variables], len(devices))
+    creation_index = {id(variable): i for i, variable in enumerate(created)}
+    devices_in_order: list = [None] * len(created)
+    for variable, owner in zip(probe.variables, owners, strict=True):
+        devices_in_order[creation_index[id(variable.value)]] = devices[owner]
+    del probe, created
+    reseed()
+    with _place_creation(devices_in_order):
+        model = build_fn()
+    for variable, owner in zip(model.variables, owners, strict=True):
+        if tf.DeviceSpec.from_string(variable.value.device) != _full(devices[owner]):
+            raise RuntimeError(f"{variable.path} was built on {variable.value.device}, not {devices[owner]}")
+    return model
+
+
+def _full(device: str) -> tf.DeviceSpec:
+    """`device` completed the way TensorFlow names a local variable's device."""
+    return tf.DeviceSpec.from_string("/job:localhost/replica:0/task:0").make_merged_spec(
+        tf.DeviceSpec.from_string(device)
+    )
+
+
+def device_of(variable) -> str:
+    """The device holding a Keras or tf variable."""
+    return variable.device if isinstance(variable, tf.Variable) else variable.value.device
+
+
+def read_values(variables) -> list[tf.Tensor]:
+    """Each variable's current value, read on its own device.
+
+    identity: a bare read is forwarded into function calls as the variable itself, which an XLA cluster on
+    another tower's device may not touch; a tensor copied to the tower is what it needs.
+    """
+    values = []
+    for variable in variables:
+        with tf.device(device_of(variable)):
+            values.append(tf.identity(variable.value))
+    return values
+
+
+def place_updates(optimizer) -> None:
+    """Makes `optimizer` compute each variable's update on that variable's device.
+
+    Keras builds every update's arithmetic under the ambient device scope and routes all gradients through a
+    default-strategy all-reduce (an identity, also under the ambient scope). Under a single parameter device
+    that is where the variables are anyway; spread, it would pull every gradient to one device. The slots
+    need nothing: Keras creates each one colocated with its variable (`add_variable_from_reference`).
+    The arithmetic is the same; only its device changes. fp16's loss-scale optimizer still unscales and
+    checks the gradients under the ambient device.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    update_step, weight_decay = inner.update_step, inner._apply_weight_decay
+
+    def placed_update_step(gradient, variable, learning_rate):
+        with tf.device(device_of(variable)):
+            return update_step(gradient, variable, learning_rate)
+
+    def placed_weight_decay(variables):
+        for variable in variables:
+            with tf.device(device_of(variable)):
+                weight_decay([variable])
+
+    inner.update_step = placed_update_step
+    inner._apply_weight_decay = placed_weight_decay
+    # Outside any tf.distribute strategy the all-reduce sums one replica: the gradients themselves.
+    inner._all_reduce_sum_gradients = list
+
+
+def parameter_devices(variables) -> list[str]:
+    """The sorted devices holding `variables` (for metrics.json)."""
+    return sorted({device_of(v) for v in variables})
