@@ -107,3 +107,12 @@ def test_preemption_is_left_to_slurm(make_config, tmp_path, fake_slurm):
         train(make_config(loop={"train_steps": 40}), stop=StopAfterChecks(8, signal.SIGTERM))
     assert not fake_slurm.exists()
     assert _attempts(tmp_path)[0]["outcome"].startswith("stopped by signal 15 at step")
+
+
+def test_a_garbled_attempts_file_is_kept_aside_and_the_run_goes_on(make_config, tmp_path, capfd):
+    train(make_config(loop={"train_steps": 2}))
+    (tmp_path / "run" / "attempts.json").write_text('[{"attempt": 1, "garbled')
+    resumed = train(make_config(loop={"train_steps": 4}))
+    assert resumed["global_step"] == 4 and [a["resumed_from_step"] for a in resumed["attempts"]] == [2]
+    assert (tmp_path / "run" / "attempts.json.unreadable").read_text() == '[{"attempt": 1, "garbled'
+    assert "attempts.json is unreadable" in capfd.readouterr().err

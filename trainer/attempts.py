@@ -54,10 +54,17 @@ class AttemptLog:
         self.current: Attempt | None = None
 
     def _read(self) -> list[Attempt]:
+        """The recorded attempts. An unreadable file (garbled, or from another version) must not block the
+        run it describes: it is kept aside as `attempts.json.unreadable` and the ledger starts afresh."""
         if not os.path.exists(self.path):
             return []
-        with open(self.path) as f:
-            return [Attempt(**record) for record in json.load(f)]
+        try:
+            with open(self.path) as f:
+                return [Attempt(**record) for record in json.load(f)]
+        except (ValueError, TypeError) as e:
+            os.replace(self.path, self.path + ".unreadable")
+            print(f"warning: {self.path} is unreadable ({e}); kept as {self.path}.unreadable", file=sys.stderr)
+            return []
 
     def begin(self, resumed_from_step: int, job: SlurmJob | None) -> Attempt:
         """Records the start of this process's attempt."""
@@ -78,11 +85,9 @@ class AttemptLog:
         self._write()
         return attempt
 
-    def progress(self, step: int, examples: int, train_sec: float, outcome: str | None = None) -> None:
-        """Updates the current attempt (at a checkpoint, or at its end)."""
+    def progress(self, step: int, examples: int, train_sec: float) -> None:
+        """Updates the current attempt at a checkpoint."""
         self.current.step, self.current.examples, self.current.train_sec = step, examples, train_sec
-        if outcome is not None:
-            self.current.outcome = outcome
         self._write()
 
     def end(self, outcome: str) -> None:
@@ -119,6 +124,8 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
     outcome = f"stopped by signal {stop.signum} at step {stop.step}"
     if stop.signum not in TIME_LIMIT_SIGNALS:
         log.end(outcome)
+        if job is None:
+            return "rerun the same command to resume"
         return "under Slurm with --requeue, the scheduler requeues the job and it resumes from there"
     started = log.current.resumed_from_step if log.current else None
     decision = requeue_lib.decide(
