@@ -60,10 +60,12 @@ def _cli(*args, timeout=120):
 def test_cli_rejects_bad_flags_before_importing_tensorflow():
     """Runs `python -m trainer` in-process of a fresh interpreter and reports whether TensorFlow was imported."""
     probe = (
-        "import runpy, sys\n"
+        "import sys\n"
+        "from absl import app\n"
+        "import trainer.__main__ as entry\n"
         "sys.argv = ['trainer', '--global_batch_size=100', '--micro_batches=3']\n"
         "try:\n"
-        "    runpy.run_module('trainer', run_name='__main__')\n"
+        "    app.run(entry.main)\n"
         "except SystemExit as e:\n"
         "    print('exit', e.code, 'tensorflow imported:', 'tensorflow' in sys.modules)\n"
     )

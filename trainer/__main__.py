@@ -29,6 +29,13 @@ FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    finally:
+        stop.REQUEST.ignore_from_now()  # the exit code is decided; a late signal must not change it
+
+
+def _main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags take the form --name=value)")
     try:
@@ -61,5 +68,19 @@ def main(argv: list[str]) -> int:
     return stop.EXIT_OK
 
 
+def run_and_exit() -> None:
+    """`app.run(main)`, then leave through os._exit: the outputs are written and flushed, and the interpreter's
+    teardown (seconds with TensorFlow loaded) resets the stop signals to their default action, so a
+    time-limit warning arriving then would kill a finished job (Slurm: FAILED 0:10)."""
+    try:
+        app.run(main)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    run_and_exit()

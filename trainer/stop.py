@@ -88,6 +88,14 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous = {}
 
+    def ignore_from_now(self) -> None:
+        """Ignores stop signals for the rest of the process: the run is over and its exit code decided. At
+        exit CPython resets Python-handled signals to their default action, which for SIGUSR1 is to die, so
+        a time-limit warning during TensorFlow's slow teardown would turn a finished job into FAILED (0:10).
+        SIG_IGN is left in place."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
     def clear(self) -> None:
         self.signals, self.first_at = [], None
 
