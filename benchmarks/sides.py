@@ -49,9 +49,8 @@ class TowerflowSide:
         config = run_config(side, setting, records, model_dir)
         dataset = None
         if side.input == "memory":
-            async_mode = side.update_mode == "async"  # async towers each read micro-batches
-            batch = config.towers.micro_batch_size if async_mode else setting.global_batch_size
-            dataset = inputs.memory_dataset(setting, records, batch)
+            # every input stream (one per micro-batch index in sync, per tower in async) reads micro-batches
+            dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
         self.trainer = build(config, train_dataset=dataset)
         self.mode = self.trainer.mode
         # The sync mode calls it `global_batch_size` in older trees; both mean examples per update.

@@ -172,8 +172,9 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """Builds the input pipeline: (features float32 [B, *example_shape], labels int32 [B]) batches.
 
-    Training: this worker's files (files[worker_index::num_workers]) in a seeded random order, read in
-    parallel but deterministically, records shuffled with `seed`, repeated forever, full batches only.
+    Training: this worker's files (files[worker_index::num_workers]; with fewer files than workers, a fixed
+    share of one file's records, see `_training_share`) in a seeded random order, read in parallel but
+    deterministically, records shuffled with `seed`, repeated forever, full batches only.
     Eval: this worker's files in order, each record once, no shuffle, last batch may be short. With fewer
     files than workers, every eval worker reads all files and keeps every num_workers-th record.
     The shuffle buffer holds serialized records, so its memory and checkpoint size are those of the files.
@@ -201,7 +202,7 @@ def make_dataset(
         The tf.data.Dataset.
 
     Raises:
-        DataError: For a bad argument, or (training) fewer files than workers.
+        DataError: For a bad argument.
     """
     _check_dataset_args(batch_size, worker_index, num_workers, shuffle_buffer)
     bad_records = bad_records or BadRecords()
@@ -239,13 +240,7 @@ def _check_dataset_args(batch_size: int, worker_index: int, num_workers: int, sh
 def _training_records(
     files: tuple[str, ...], seed: int, worker_index: int, num_workers: int, shuffle_buffer: int, read_chunks
 ) -> tf.data.Dataset:
-    if len(files) < num_workers:
-        raise DataError(
-            f"{len(files)} file(s) match but training has {num_workers} workers, and each worker reads its own "
-            f"files; write the data in at least {num_workers} shards (data.prepare --num_shards) or use "
-            f"fewer workers. Files: {', '.join(files)}"
-        )
-    own_files = list(files[worker_index::num_workers])
+    own_files, share, shares = _training_share(files, worker_index, num_workers)
     filenames = tf.data.Dataset.from_tensor_slices(own_files)
     filenames = filenames.shuffle(len(own_files), seed=seed, reshuffle_each_iteration=True)
     # Each file yields chunks of its records (data.integrity counts their bytes to find corrupt ones), and
@@ -257,10 +252,27 @@ def _training_records(
         deterministic=True,
     )
     records = chunks.unbatch()
+    if shares > 1:
+        records = records.shard(shares, share)
     # Shuffle the serialized records, not the decoded float tensors: the buffer (kept in memory and in
     # every checkpoint) is then as small as the files, e.g. ~100 KB per ImageNet JPEG instead of 600 KB.
     records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return records.repeat()
+
+
+def _training_share(files: tuple[str, ...], worker_index: int, num_workers: int) -> tuple[list[str], int, int]:
+    """Worker w's files, and which share of their records it keeps: (files, share index, number of shares).
+
+    With at least as many files as workers, worker w reads files[w::W], every record. With fewer (F < W),
+    worker w reads file w % F alone and keeps every c-th record from the (w // F)-th, c being the number of
+    workers on that file: every record still goes to exactly one worker, each worker's records are fixed by
+    (w, W), and only the bytes of a shared file are read more than once.
+    """
+    if len(files) >= num_workers:
+        return list(files[worker_index::num_workers]), 0, 1
+    file_index = worker_index % len(files)
+    sharing = len(range(file_index, num_workers, len(files)))
+    return [files[file_index]], worker_index // len(files), sharing
 
 
 def _eval_records(files: tuple[str, ...], worker_index: int, num_workers: int) -> tf.data.Dataset:

@@ -40,8 +40,11 @@ def _main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags take the form --name=value)")
     try:
         config = tf_flags.config_from_flags(FLAGS)
-        cluster.require_single_task(os.environ)
-    except ValueError as e:  # ConfigError, or a multi-task job
+        tasks = cluster.resolve_cluster(os.environ, FLAGS.cluster_port)
+        config = cfg.validate(
+            dataclasses.replace(config, towers=dataclasses.replace(config.towers, num_tasks=tasks.num_tasks))
+        )
+    except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
     logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures) likewise
@@ -49,11 +52,14 @@ def _main(argv: list[str]) -> int:
 
     from data import DataError  # noqa: PLC0415 (deferred: keeps flag errors fast)
     from models import ModelError  # noqa: PLC0415
+    from trainer import distributed  # noqa: PLC0415
     from trainer.checkpoint import CheckpointMismatch  # noqa: PLC0415 (imports TensorFlow)
     from trainer.run import train  # noqa: PLC0415
 
+    if not tasks.is_chief:
+        return distributed.serve(tasks, config, config.loop.cluster_timeout_sec, stop.REQUEST)
     try:
-        train(config)
+        train(config, cluster=tasks if tasks.num_tasks > 1 else None)
     except (cfg.ConfigError, DataError, ModelError, CheckpointMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
@@ -62,7 +68,7 @@ def _main(argv: list[str]) -> int:
     except stop.Diverged as e:
         print(f"error: training diverged: {e}", file=sys.stderr)
         return stop.EXIT_DIVERGED
-    except stop.NoSpace as e:
+    except (stop.NoSpace, distributed.WorkerLost) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_FAILED
     return stop.EXIT_OK

@@ -145,8 +145,8 @@ class AsyncUpdate:
 
         @tf.function
         def compute():
-            with tf.device(self.placement.host):
-                features, labels = next(iterator)
+            with tf.device(iterator.device):  # the CPU of the tower's own task
+                features, labels = next(iterator.iterator)
             with tf.device(self.placement.parameter_device):
                 step = self.global_step.read_value()
                 loss_scale = tw.loss_scale(self.optimizer)

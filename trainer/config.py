@@ -61,7 +61,7 @@ class OptimizerConfig:
 class TowerConfig:
     """Which devices compute, and how the global batch is cut between them."""
 
-    num_towers: int = 1
+    num_towers: int = 1  # --num_gpus: towers on each task (machine)
     device: str = "gpu"
     parameter_device: str = "gpu"
     global_batch_size: int = 128
@@ -70,10 +70,16 @@ class TowerConfig:
     max_staleness: int = -1  # async: bound on an update's staleness; negative: unbounded
     jit_compile: bool = False  # XLA-compile the step
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
+    num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
+
+    @property
+    def total_towers(self) -> int:
+        """Towers of the whole run: --num_gpus on each of `num_tasks` tasks."""
+        return self.num_towers * self.num_tasks
 
     @property
     def num_micro_batches(self) -> int:
-        return self.micro_batches or self.num_towers
+        return self.micro_batches or self.total_towers
 
     @property
     def micro_batch_size(self) -> int:
@@ -93,6 +99,7 @@ class LoopConfig:
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
     max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/rundir.py)
+    cluster_timeout_sec: float = 300.0  # several tasks: how long chief and workers wait for each other
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +145,11 @@ def _validate_towers(t: TowerConfig) -> None:
     _require(t.global_batch_size >= 1, f"--global_batch_size ({t.global_batch_size}) must be at least 1")
     k = t.num_micro_batches
     _require(k >= 1, f"--micro_batches ({t.micro_batches}) must be at least 1 (or 0 for one per tower)")
+    tasks = f" x {t.num_tasks} tasks" if t.num_tasks > 1 else ""
     _require(
-        k % t.num_towers == 0,
-        f"--micro_batches ({k}) must be a multiple of --num_gpus ({t.num_towers}) so every tower "
-        f"gets the same number of micro-batches",
+        k % t.total_towers == 0,
+        f"--micro_batches ({k}) must be a multiple of the towers (--num_gpus={t.num_towers}{tasks}) so every "
+        f"tower gets the same number of micro-batches",
     )
     _require(
         t.global_batch_size % k == 0,
@@ -183,6 +191,7 @@ def _validate_loop(lp: LoopConfig) -> None:
             f"--profile_steps ({a},{b}) must be A,B with 0 <= A < B <= --train_steps ({lp.train_steps})",
         )
     _require(lp.keep_checkpoints >= 1, f"--keep_checkpoints ({lp.keep_checkpoints}) must be at least 1")
+    _require(lp.cluster_timeout_sec > 0, f"--cluster_timeout_sec ({lp.cluster_timeout_sec}) must be positive")
     _require(lp.max_requeues >= 0, f"--max_requeues ({lp.max_requeues}) must be >= 0 (0: never requeue)")
 
 

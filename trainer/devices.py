@@ -3,6 +3,10 @@
 A tower is a device string. GPU towers are `/device:GPU:i`; CPU towers are logical CPU devices
 `/device:CPU:i` made with `tf.config.set_logical_device_configuration`. Both kinds go through the same code,
 so what the tests run on logical CPUs is what runs on GPUs.
+
+With several tasks (machines, see `trainer.distributed`) every task has the same `--num_gpus` devices and
+the towers are `/job:worker/replica:0/task:T/device:GPU:G`, task-major: tower T*G+g. The variables stay on
+the chief (task 0); each tower's input is read on its own task's CPU.
 """
 
 from __future__ import annotations
@@ -22,8 +26,27 @@ class Placement:
 
     towers: tuple[str, ...]  # one device string per tower
     parameter_device: str  # the variables and optimizer slots (spread: the step, learning rate, loss sums)
-    host: str = HOST_DEVICE  # input pipeline and the split of the global batch
+    host: str = HOST_DEVICE  # the chief's CPU: eval input, host-side bookkeeping
     spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (trainer.spread)
+    tower_hosts: tuple[str, ...] = ()  # the CPU of each tower's task, where its input is read; () = `host`
+    num_tasks: int = 1
+
+    def host_of(self, tower: int) -> str:
+        """The CPU that reads tower `tower`'s input: its own task's."""
+        return self.tower_hosts[tower] if self.tower_hosts else self.host
+
+    def describe_tower(self, tower: int) -> str:
+        """How logs name a tower: `tower 3`, or `task 1 / gpu 1` (`cpu 1`) with several tasks."""
+        if self.num_tasks == 1:
+            return f"tower {tower}"
+        per_task = len(self.towers) // self.num_tasks
+        kind = "cpu" if "CPU:" in self.towers[tower].rsplit("/", 1)[-1] else "gpu"
+        return f"task {tower // per_task} / {kind} {tower % per_task}"
+
+
+def task_prefix(task: int, num_tasks: int) -> str:
+    """The device-name prefix of task `task`: none on one machine (the local devices)."""
+    return f"/job:worker/replica:0/task:{task}" if num_tasks > 1 else ""
 
 
 def configure_logical_cpus(num_devices: int) -> None:
@@ -51,7 +74,7 @@ def resolve(config: TowerConfig) -> Placement:
     kind = config.device.upper()
     if config.device == "cpu":
         configure_logical_cpus(config.num_towers)
-    found = len(tf.config.list_logical_devices(kind))
+    found = _count_devices(kind, 0, config.num_tasks)
     if found < config.num_towers:
         if config.device == "gpu":
             raise ConfigError(
@@ -63,10 +86,38 @@ def resolve(config: TowerConfig) -> Placement:
             f"--num_gpus={config.num_towers} with --device=cpu needs {config.num_towers} logical CPU devices, "
             f"but TensorFlow was already initialised with {found}; configure them before the first op."
         )
-    towers = tuple(f"/device:{kind}:{i}" for i in range(config.num_towers))
-    parameter_device = HOST_DEVICE if config.parameter_device == "cpu" else towers[0]
+    if config.num_tasks > 1:
+        _require_remote_devices(kind, config)
+    prefixes = [task_prefix(t, config.num_tasks) for t in range(config.num_tasks)]
+    towers = tuple(f"{p}/device:{kind}:{i}" for p in prefixes for i in range(config.num_towers))
+    hosts = tuple(f"{p}{HOST_DEVICE}" for p in prefixes for _ in range(config.num_towers))
+    host = hosts[0]
+    parameter_device = host if config.parameter_device == "cpu" else towers[0]
     spread_over = towers if config.parameter_device == "spread" else ()
-    return Placement(towers=towers, parameter_device=parameter_device, spread_over=spread_over)
+    return Placement(
+        towers=towers,
+        parameter_device=parameter_device,
+        host=host,
+        spread_over=spread_over,
+        tower_hosts=hosts if config.num_tasks > 1 else (),
+        num_tasks=config.num_tasks,
+    )
+
+
+def _require_remote_devices(kind: str, config: TowerConfig) -> None:
+    """Every task must have `--num_gpus` devices of the kind: the same flags run on every machine."""
+    for task in range(1, config.num_tasks):
+        found = _count_devices(kind, task, config.num_tasks)
+        if found < config.num_towers:
+            raise ConfigError(
+                f"task {task} has {found} {kind} device(s) but --num_gpus={config.num_towers}; every task "
+                f"of a multi-machine run needs the same --num_gpus devices (check that machine's GPUs)"
+            )
+
+
+def _count_devices(kind: str, task: int, num_tasks: int) -> int:
+    prefix = task_prefix(task, num_tasks)
+    return sum(1 for d in tf.config.list_logical_devices(kind) if d.name.startswith(prefix + "/"))
 
 
 def tower_of_micro_batch(index: int, num_micro_batches: int, num_towers: int) -> int:

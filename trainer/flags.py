@@ -19,6 +19,7 @@ def define_flags() -> None:
     _define_optimizer_flags()
     _define_loop_flags()
     _define_resume_flags()
+    _define_cluster_flags()
 
 
 def _define_tower_flags() -> None:
@@ -181,6 +182,22 @@ def _define_resume_flags() -> None:
     )
 
 
+def _define_cluster_flags() -> None:
+    flags.DEFINE_integer(
+        "cluster_port",
+        0,
+        "Several tasks (srun, TF_CONFIG): the gRPC port of the first task on each node, the next ones using "
+        "the following ports. 0: derived from SLURM_JOB_ID (12000 + 8 * (id % 2500)), so two jobs sharing a "
+        "node do not collide. TF_CONFIG gives its own ports.",
+    )
+    flags.DEFINE_float(
+        "cluster_timeout_sec",
+        300.0,
+        "Several tasks: how long the chief waits for every worker's server, and a worker for the chief, "
+        "before failing.",
+    )
+
+
 def _ints(values, name: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in values or ())
@@ -260,6 +277,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             _profile_steps(f.profile_steps),
             f.max_requeues,
             f.allow_flag_changes,
+            f.cluster_timeout_sec,
         ),
         seed=f.seed,
         deterministic=f.deterministic,

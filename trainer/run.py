@@ -5,6 +5,7 @@ Usable without flags: `train(RunConfig(...))` returns the metrics it writes to `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -15,14 +16,15 @@ import tensorflow as tf
 
 import data
 import models
-from launch import cluster
+from launch import cluster as cluster_lib
 from trainer import attempts as attempts_lib
-from trainer import determinism, devices, optim, report, rundir, spread, towers
+from trainer import determinism, devices, distributed, optim, report, rundir, spread, towers
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
-from trainer.config import DataConfig, RunConfig, flatten, validate
+from trainer.config import RunConfig, flatten, validate
 from trainer.evaluate import Evaluator
+from trainer.inputs import Inputs, eval_dataset_fn, resolve_inputs, train_iterators
 from trainer.loop import Loop
 from trainer.staleness import TowerFailed
 from trainer.summaries import Summaries, purge_events, variable_tags
@@ -31,46 +33,7 @@ from trainer.sync import SyncUpdate
 log = logging.getLogger("towerflow")
 
 
-@dataclasses.dataclass(frozen=True)
-class Inputs:
-    """The resolved train and eval records."""
-
-    train: data.RecordInfo
-    eval: data.RecordInfo
-    num_classes: int
-
-
-def resolve_inputs(config: DataConfig) -> Inputs:
-    """Finds the records (building the digits cache when no --train_data is given) and reads their shape.
-
-    Raises:
-      data.DataError: no files, unreadable records, train and eval records of different shapes.
-    """
-    if config.train_data:
-        train_pattern, eval_pattern, num_classes = config.train_data, config.eval_data, config.num_classes
-    else:
-        train_pattern, eval_pattern = data.ensure_digits()
-        num_classes = 10
-    schema = _schema(config)
-    train = data.inspect_records(train_pattern, schema, what="--train_data")
-    evaluation = data.inspect_records(eval_pattern, train.schema, what="--eval_data")
-    if evaluation.example_shape != train.example_shape:
-        raise data.DataError(
-            f"--eval_data examples have shape {evaluation.example_shape} but --train_data examples have "
-            f"{train.example_shape}; pass --image_size=H,W to resize both"
-        )
-    return Inputs(train, evaluation, num_classes)
-
-
-def _schema(config: DataConfig):
-    if config.record_schema == "dense":
-        return data.DenseSchema(config.feature_key, config.label_key, config.label_offset)
-    if config.record_schema == "image" or config.label_offset or config.image_size:
-        return data.ImageSchema(config.label_offset, config.image_size)
-    return None  # auto: the first record decides
-
-
-def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
+def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`.
 
     Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) are honoured after the current step: the run
@@ -80,6 +43,11 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
     Args:
       config: the run.
       stop: the stop request to honour (the process-wide `trainer.stop.REQUEST` by default).
+      cluster: a `launch.cluster.Cluster` of several tasks whose chief this process is (`trainer.distributed`);
+        None: this machine alone. `config.towers.num_tasks` must be its number of tasks.
+
+    Raises:
+      trainer.distributed.WorkerLost: a worker task died or never started; the message names it.
     """
     stop = stop or stop_lib.REQUEST
     validate(config)
@@ -88,9 +56,9 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
         rundir.check_resume(config, config.loop.allow_flag_changes, log=_log_line)
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
-        job = cluster.slurm_job(os.environ)
+        job = cluster_lib.slurm_job(os.environ)
         try:
-            return _train_attempt(config, stop, attempts, job)
+            return _train_attempt(config, stop, attempts, job, cluster)
         except stop_lib.StopRequested as e:
             _log_line(str(e))
             line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
@@ -100,13 +68,25 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None) -> dict:
             attempts.end(f"{'diverged' if isinstance(e, stop_lib.Diverged) else 'failed'}: {e}")
             raise
         except BaseException as e:
-            attempts.end(f"failed: {type(e).__name__}: {e}"[:500])
+            lost = distributed.explain(e, cluster) if cluster is not None else None
+            attempts.end(f"failed: {type(lost or e).__name__}: {lost or e}"[:500])
+            if lost is not None:
+                raise lost from e
             raise
 
 
-def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job) -> dict:
-    """One attempt: build, resume, train, evaluate, export, write metrics.json."""
+def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
+    """One attempt: connect (several tasks), build, resume, train, evaluate, export, write metrics.json."""
     _raise_if_stopped(stop, "before the model was built")
+    watchdog = contextlib.nullcontext()
+    if cluster is not None and cluster.num_tasks > 1:
+        distributed.connect(cluster, config, config.loop.cluster_timeout_sec, log=_log_line)
+        watchdog = distributed.Watchdog(cluster, on_lost=lambda message: attempts.end(f"failed: {message}"))
+    with watchdog:
+        return _build_and_train(config, stop, attempts, job)
+
+
+def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job) -> dict:
     state = build(config)
     _raise_if_stopped(stop, "before training started")
     restored = state.checkpointer.restore_latest()
@@ -199,8 +179,8 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     Args:
       config: the run.
       train_dataset: replaces the TFRecord training input (e.g. the same data held in memory, for
-        benchmarks). It must yield global batches in sync mode, micro-batches in async mode (where every
-        tower then iterates it on its own).
+        benchmarks). It must yield micro-batches: every input stream (one per micro-batch index in sync mode,
+        one per tower in async mode) iterates it on its own.
 
     Raises:
       ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
@@ -215,7 +195,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
     bad_records = data.BadRecords(config.data.max_bad_records)
     model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
-    iterators = _train_iterators(config, placement, inputs, train_dataset, bad_records)
+    iterators = train_iterators(config, placement, inputs, train_dataset, bad_records)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records)
     mode = _make_mode(config, model, optimizer, placement, global_step, iterators)
     named_iterators = {f"iterator_{i}": it for i, it in enumerate(iterators)}
@@ -235,13 +215,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
 
 
 def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inputs: Inputs, bad_records):
-    eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
-
-    def make_dataset():
-        return data.make_dataset(
-            inputs.eval, batch_size=eval_batch, training=False, num_classes=inputs.num_classes, bad_records=bad_records
-        )
-
+    make_dataset = eval_dataset_fn(config, inputs, bad_records)
     return Evaluator(model, placement, make_dataset, explain=lambda e: bad_records.explain(e, False, _log_line))
 
 
@@ -276,45 +250,17 @@ def _make_optimizer(config: RunConfig, global_step: tf.Variable):
     t = config.towers
     if t.update_mode != "async":
         return optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
-    momentum = optim.async_momentum(config.optimizer.momentum, t.num_towers)
+    momentum = optim.async_momentum(config.optimizer.momentum, t.total_towers)
     if config.optimizer.name == "momentum":
         log.warning(
             "async: explicit momentum %.3g instead of %.3g (N=%d towers add implicit momentum)",
             momentum,
             config.optimizer.momentum,
-            t.num_towers,
+            t.total_towers,
         )
     return optim.make_optimizer(
         config.optimizer, config.loop.train_steps, global_step, lr_scale=1.0 / t.num_micro_batches, momentum=momentum
     )
-
-
-def _train_iterators(
-    config: RunConfig, placement: devices.Placement, inputs: Inputs, train_dataset, bad_records: data.BadRecords
-) -> list:
-    """Sync: one iterator of global batches. Async: one per tower, each over its own share of the files,
-    yielding micro-batches, so no example is read twice per epoch across towers."""
-    t = config.towers
-    shares = len(placement.towers) if t.update_mode == "async" else 1
-    batch_size = t.micro_batch_size if t.update_mode == "async" else t.global_batch_size
-    with tf.device(placement.host):
-        if train_dataset is not None:
-            return [iter(train_dataset) for _ in range(shares)]
-        datasets = [
-            data.make_dataset(
-                inputs.train,
-                batch_size=batch_size,
-                training=True,
-                seed=config.seed,
-                worker_index=i,
-                num_workers=shares,
-                shuffle_buffer=config.data.shuffle_buffer,
-                num_classes=inputs.num_classes,
-                bad_records=bad_records,
-            )
-            for i in range(shares)
-        ]
-        return [iter(ds) for ds in datasets]
 
 
 def _make_mode(config: RunConfig, model, optimizer, placement, global_step, iterators):
@@ -337,7 +283,7 @@ def _make_mode(config: RunConfig, model, optimizer, placement, global_step, iter
         placement,
         t.num_micro_batches,
         global_step,
-        iterators[0],
+        iterators,
         clip_global_norm=clip,
         jit_compile=t.jit_compile,
     )
@@ -364,7 +310,9 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
         "examples_per_sec": attempts.examples_per_sec(),  # over every attempt of the run
         "bad_records": state.bad_records.count if state.bad_records else 0,
         "attempts": attempts.summary(),
-        "num_towers": t.num_towers,
+        "num_towers": t.total_towers,
+        "num_tasks": t.num_tasks,
+        "towers_per_task": t.num_towers,
         "micro_batches": t.num_micro_batches,
         "global_batch_size": t.global_batch_size,
         "update_mode": t.update_mode,

@@ -35,6 +35,7 @@ MAY_CHANGE = {
     "loop.profile_steps",
     "loop.max_requeues",
     "loop.allow_flag_changes",
+    "loop.cluster_timeout_sec",
     "data.eval_data",
     "data.eval_batch_size",
     "data.max_bad_records",
@@ -42,7 +43,8 @@ MAY_CHANGE = {
     "towers.parameter_device",
     "towers.jit_compile",
 }
-SYNC_MAY_CHANGE = {"towers.num_towers"}  # with K fixed, the towers do not change the sync result
+# With K fixed, the towers (on one machine or several) do not change the sync result.
+SYNC_MAY_CHANGE = {"towers.num_towers", "towers.num_tasks"}
 FLAG_NAMES = {  # the flag of a setting, where it is not the setting's last name
     "towers.num_towers": "num_gpus",
     "towers.num_micro_batches": "micro_batches",

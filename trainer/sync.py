@@ -1,6 +1,7 @@
 """Synchronous updates: one `tf.function` per global step, towers run concurrently inside it.
 
-The global batch is split on the host into K micro-batches; micro-batch j runs on tower j*N//K. The
+The global batch is K micro-batches, micro-batch j read from input stream j on the CPU of its tower's task
+(`trainer.inputs`); micro-batch j runs on tower j*N//K. The
 parameter device sums the K results in micro-batch order, divides by K, clips, and applies one optimizer
 update. With `--deterministic` the result is bitwise the same for every N that divides K.
 """
@@ -33,7 +34,7 @@ class SyncUpdate:
       placement: tower and parameter devices.
       num_micro_batches: K; a multiple of the number of towers.
       global_step: int64 `tf.Variable` on the parameter device; +1 per update.
-      iterator: yields (features, labels) global batches.
+      iterators: K `trainer.inputs.PlacedIterator`s; iterator j yields micro-batch j of every step.
       clip_global_norm: clip the averaged gradient to this global norm; 0 turns clipping off.
       jit_compile: XLA-compile each tower's forward and backward pass.
 
@@ -48,7 +49,7 @@ class SyncUpdate:
         placement: Placement,
         num_micro_batches: int,
         global_step,
-        iterator,
+        iterators,
         clip_global_norm: float = 0.0,
         jit_compile: bool = False,
     ):
@@ -57,9 +58,11 @@ class SyncUpdate:
         self.placement = placement
         self.num_micro_batches = num_micro_batches
         self.global_step = global_step
-        self.iterator = iterator
+        if len(iterators) != num_micro_batches:
+            raise ValueError(f"{len(iterators)} input streams for {num_micro_batches} micro-batches")
+        self.iterators = list(iterators)
         self.clip_global_norm = clip_global_norm
-        self.examples_per_step = int(iterator.element_spec[1].shape[0])
+        self.examples_per_step = sum(int(it.element_spec[1].shape[0]) for it in iterators)
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
         self._owners = (
             [spread.device_of(v) for v in model.trainable_variables],
@@ -81,7 +84,7 @@ class SyncUpdate:
         losses, correct, metrics, previous = [], [], {}, None
         for i in range(num_steps):
             report = i == num_steps - 1
-            metrics = self._step_fn(self.iterator, report, report and want_gradients)
+            metrics = self._step_fn([it.iterator for it in self.iterators], report, report and want_gradients)
             # Reading the previous step's flag, not this one's, keeps the host one step ahead of the device.
             self._raise_if_diverged(previous)
             previous = (metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
@@ -109,12 +112,14 @@ class SyncUpdate:
     def close(self) -> None:
         """Nothing to release: the sync mode has no threads."""
 
-    def _step(self, iterator, report: bool, want_gradients: bool):
+    def _step(self, iterators, report: bool, want_gradients: bool):
         placement = self.placement
-        with tf.device(placement.host):
-            features, labels = next(iterator)
-            feature_parts = tf.split(features, self.num_micro_batches)
-            label_parts = tf.split(labels, self.num_micro_batches)
+        feature_parts, label_parts = [], []
+        for placed, iterator in zip(self.iterators, iterators, strict=True):
+            with tf.device(placed.device):  # the CPU of the task whose tower runs this micro-batch
+                features, labels = next(iterator)
+            feature_parts.append(features)
+            label_parts.append(labels)
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)

@@ -1,0 +1,193 @@
+"""Several machines, over TensorFlow's own gRPC runtime.
+
+Every task of the job runs `python -m trainer` with the same flags. Task 0, the chief, connects to the cluster
+(`tf.config.experimental_connect_to_cluster`) and runs the loop with towers on every task's devices
+(`trainer.devices`); it alone writes to `--model_dir`. Every other task serves its devices with a
+`tf.distribute.Server` (`serve`) until the chief is gone, then exits with the chief's outcome: 0 when training
+finished, 75 when it stopped to be resumed, 1 otherwise.
+
+Failure is bounded, never a hang: a step that needs a dead worker fails at once with `UnavailableError`
+(`WorkerLost` names the task and host), and a watchdog probing every worker's port ends the chief when one
+stays unreachable for `LOST_AFTER_SEC`, in case a step blocks instead (a machine gone without a reset).
+Checkpoints are atomic, so the last one stays valid and a rerun resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+from launch.cluster import Cluster
+from trainer import determinism, devices
+from trainer import stop as stop_lib
+from trainer.config import RunConfig
+
+PROBE_EVERY_SEC = 2.0
+LOST_AFTER_SEC = 20.0  # a worker unreachable this long ends the run
+PROBE_TIMEOUT_SEC = 2.0
+
+
+class WorkerLost(RuntimeError):
+    """A worker task stopped answering; the message names it."""
+
+
+def reachable(address: str, timeout: float = PROBE_TIMEOUT_SEC) -> bool:
+    """Whether a TCP connection to `host:port` opens (a gRPC server listens there)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) -> None:
+    """Chief: waits for every worker's server, then joins the cluster as task 0.
+
+    Raises:
+      WorkerLost: a worker was not listening after `timeout_sec`; the message lists them.
+    """
+    if config.towers.device == "cpu":
+        devices.configure_logical_cpus(config.towers.num_towers)
+    missing = _wait_for(cluster.workers[1:], timeout_sec)
+    if missing:
+        raise WorkerLost(
+            f"no server listens at {', '.join(missing)} after {timeout_sec:.0f} s: those tasks did not start or "
+            f"died starting (see their logs); every task of the job must run `python -m trainer` with the same flags"
+        )
+    spec = tf.train.ClusterSpec({"worker": list(cluster.workers)})
+    tf.config.experimental_connect_to_cluster(spec, job_name="worker", task_index=0, protocol="grpc")
+    log(f"chief of {cluster.describe()}")
+
+
+def _wait_for(addresses, timeout_sec: float) -> list[str]:
+    deadline = time.monotonic() + timeout_sec
+    waiting = list(addresses)
+    while waiting and time.monotonic() < deadline:
+        waiting = [a for a in waiting if not reachable(a)]
+        if waiting:
+            time.sleep(0.5)
+    return waiting
+
+
+class Watchdog:
+    """Chief: probes every worker's port; `on_lost(message)` runs, then the process exits with status 1, when
+    one stays unreachable for `lost_after` seconds. A step that blocks on a dead machine cannot hang the job."""
+
+    def __init__(self, cluster: Cluster, on_lost, lost_after: float = LOST_AFTER_SEC, every: float = PROBE_EVERY_SEC):
+        self.cluster = cluster
+        self.on_lost = on_lost
+        self.lost_after = lost_after
+        self.every = every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="towerflow-watchdog", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        last_seen = {task: time.monotonic() for task in range(1, self.cluster.num_tasks)}
+        while not self._stopped.wait(self.every):
+            for task in last_seen:
+                if reachable(self.cluster.workers[task]):
+                    last_seen[task] = time.monotonic()
+                elif time.monotonic() - last_seen[task] > self.lost_after and not self._stopped.is_set():
+                    self._lose(task)
+
+    def _lose(self, task: int) -> None:
+        message = (
+            f"{describe_task(self.cluster, task)} has been unreachable for {self.lost_after:.0f} s; ending the run "
+            f"(the last checkpoint is kept: rerun the job to resume from it)"
+        )
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        try:
+            self.on_lost(message)
+        finally:
+            os._exit(stop_lib.EXIT_FAILED)
+
+
+def describe_task(cluster: Cluster, task: int) -> str:
+    return f"worker task {task} ({cluster.workers[task]})"
+
+
+_TASK = re.compile(r"/job:worker/replica:0/task:(\d+)")
+
+
+def explain(error: BaseException, cluster: Cluster) -> WorkerLost | None:
+    """A `WorkerLost` naming the task when `error` says a remote task was lost, else None."""
+    if not isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)):
+        return None
+    tasks = sorted({int(t) for t in _TASK.findall(str(error)) if 0 < int(t) < cluster.num_tasks})
+    if not tasks:
+        tasks = [t for t in range(1, cluster.num_tasks) if not reachable(cluster.workers[t])]
+    if not tasks:
+        return None
+    who = ", ".join(describe_task(cluster, t) for t in tasks)
+    first_line = str(error).strip().splitlines()[0][:200]
+    return WorkerLost(f"lost {who}: {first_line}. The last checkpoint is kept: rerun the job to resume from it")
+
+
+def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_lib.StopRequest, log=print) -> int:
+    """Worker: serves this task's devices until the chief is gone; returns the exit code (module docstring).
+
+    Stop signals do not end a worker while the chief lives: the chief checkpoints through the workers'
+    input pipelines, then exits, and the workers follow.
+    """
+    determinism.configure(config.seed, config.deterministic)
+    towers = config.towers
+    session_config = tf.compat.v1.ConfigProto()
+    if towers.device == "cpu":
+        session_config.device_count["CPU"] = towers.num_towers
+    spec = tf.train.ClusterSpec({"worker": list(cluster.workers)})
+    server = tf.distribute.Server(spec, "worker", cluster.task_index, protocol="grpc", config=session_config)
+    server.start()
+    chief = cluster.workers[0]
+    log(f"{cluster.describe()}: serving {towers.num_towers} {towers.device} device(s) to the chief at {chief}")
+    if not _wait_for_chief(chief, timeout_sec, stop):
+        log(f"the chief at {chief} never connected within {timeout_sec:.0f} s" if not stop.requested else "stopped")
+        return stop_lib.EXIT_RESUMABLE if stop.requested else stop_lib.EXIT_FAILED
+    _wait_while_reachable(chief)
+    code, why = chief_outcome(config.loop.model_dir)
+    log(f"the chief at {chief} is gone ({why}); exiting with {code}")
+    return code
+
+
+def _wait_for_chief(chief: str, timeout_sec: float, stop: stop_lib.StopRequest) -> bool:
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline and not stop.requested:
+        if reachable(chief):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _wait_while_reachable(chief: str, misses_to_leave: int = 3) -> None:
+    misses = 0
+    while misses < misses_to_leave:
+        misses = 0 if reachable(chief) else misses + 1
+        time.sleep(0.5 if misses else 1.0)
+
+
+def chief_outcome(model_dir: str) -> tuple[int, str]:
+    """(exit code, reason) from the chief's last attempt record in `model_dir/attempts.json`."""
+    try:
+        with open(os.path.join(model_dir, "attempts.json")) as f:
+            outcome = json.load(f)[-1]["outcome"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        return stop_lib.EXIT_FAILED, f"its outcome is unreadable: {e}"
+    if outcome == "finished":
+        return stop_lib.EXIT_OK, "training finished"
+    if "stopped by signal" in outcome:
+        return stop_lib.EXIT_RESUMABLE, outcome
+    return stop_lib.EXIT_FAILED, outcome

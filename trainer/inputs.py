@@ -1,0 +1,145 @@
+"""The run's input: which records, and the pipelines that read them where they are used.
+
+Training reads K streams, one per micro-batch index: stream j reads a fixed share of the files (seeded like
+every stream) and yields micro-batch j of every step. What micro-batch j holds therefore depends on neither
+the number of towers nor the number of machines, and each stream is read on the CPU of the task whose tower
+runs micro-batch j, so the global batch never crosses the network. Async mode reads one stream per tower.
+
+Eval reads on the chief and splits each batch across every tower (`trainer.evaluate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+from tensorflow.python.ops import gen_dataset_ops
+from tensorflow.python.trackable import base as trackable
+
+import data
+from trainer.config import DataConfig, RunConfig
+from trainer.devices import Placement, tower_of_micro_batch
+
+# Saved iterator state: `tf.data`'s own key, so checkpoints of placed and plain iterators are interchangeable.
+_STATE = "_STATE"
+_IGNORE = tf.data.experimental.ExternalStatePolicy.IGNORE.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The resolved train and eval records."""
+
+    train: data.RecordInfo
+    eval: data.RecordInfo
+    num_classes: int
+
+
+def resolve_inputs(config: DataConfig) -> Inputs:
+    """Finds the records (building the digits cache when no --train_data is given) and reads their shape.
+
+    Raises:
+      data.DataError: no files, unreadable records, train and eval records of different shapes.
+    """
+    if config.train_data:
+        train_pattern, eval_pattern, num_classes = config.train_data, config.eval_data, config.num_classes
+    else:
+        train_pattern, eval_pattern = data.ensure_digits()
+        num_classes = 10
+    schema = _schema(config)
+    train = data.inspect_records(train_pattern, schema, what="--train_data")
+    evaluation = data.inspect_records(eval_pattern, train.schema, what="--eval_data")
+    if evaluation.example_shape != train.example_shape:
+        raise data.DataError(
+            f"--eval_data examples have shape {evaluation.example_shape} but --train_data examples have "
+            f"{train.example_shape}; pass --image_size=H,W to resize both"
+        )
+    return Inputs(train, evaluation, num_classes)
+
+
+def _schema(config: DataConfig):
+    if config.record_schema == "dense":
+        return data.DenseSchema(config.feature_key, config.label_key, config.label_offset)
+    if config.record_schema == "image" or config.label_offset or config.image_size:
+        return data.ImageSchema(config.label_offset, config.image_size)
+    return None  # auto: the first record decides
+
+
+class PlacedIterator(trackable.Trackable):
+    """A tf.data iterator made on `device` (possibly another machine's CPU), checkpointable from the chief.
+
+    tf.data's own iterator serializes its state with ops on the default device, which cannot reach a dataset
+    held by another task; this one runs them on the iterator's device. The checkpoint entry is the same.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset, device: str):
+        self.device = device
+        with tf.device(device):
+            self.iterator = iter(dataset)
+        self.element_spec = self.iterator.element_spec
+
+    def __next__(self):
+        with tf.device(self.device):
+            return next(self.iterator)
+
+    def __iter__(self):
+        return self
+
+    def get_next(self):
+        return next(self)
+
+    def _serialize_to_tensors(self):
+        with tf.device(self.device):
+            return {_STATE: gen_dataset_ops.serialize_iterator(self.iterator._iterator_resource, _IGNORE)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        with tf.device(self.device):
+            resource = self.iterator._iterator_resource
+            return gen_dataset_ops.deserialize_iterator(resource, restored_tensors[_STATE])
+
+
+def train_iterators(
+    config: RunConfig, placement: Placement, inputs: Inputs, train_dataset, bad_records: data.BadRecords
+) -> list:
+    """Sync: K streams of micro-batches, stream j on the host of micro-batch j's tower. Async: one stream per
+    tower, on its host. Every stream reads its own share of the files, so no example is read twice per epoch.
+
+    `train_dataset` (benchmarks) replaces the records: it must yield micro-batches and is iterated per stream.
+    """
+    t = config.towers
+    num_towers = len(placement.towers)
+    if t.update_mode == "async":
+        hosts = [placement.host_of(i) for i in range(num_towers)]
+    else:
+        k = t.num_micro_batches
+        hosts = [placement.host_of(tower_of_micro_batch(j, k, num_towers)) for j in range(k)]
+    iterators = []
+    for j, host in enumerate(hosts):
+        with tf.device(host):
+            if train_dataset is not None:
+                dataset = train_dataset
+            else:
+                dataset = data.make_dataset(
+                    inputs.train,
+                    batch_size=t.micro_batch_size,
+                    training=True,
+                    seed=config.seed,
+                    worker_index=j,
+                    num_workers=len(hosts),
+                    shuffle_buffer=max(1, config.data.shuffle_buffer // len(hosts)),
+                    num_classes=inputs.num_classes,
+                    bad_records=bad_records,
+                )
+            iterators.append(PlacedIterator(dataset, host))
+    return iterators
+
+
+def eval_dataset_fn(config: RunConfig, inputs: Inputs, bad_records: data.BadRecords):
+    """() -> the eval dataset: every eval record once, in order, in batches of --eval_batch_size."""
+    eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
+
+    def make_dataset():
+        return data.make_dataset(
+            inputs.eval, batch_size=eval_batch, training=False, num_classes=inputs.num_classes, bad_records=bad_records
+        )
+
+    return make_dataset
