@@ -19,7 +19,11 @@ def _towers(**kw):
     "config, message",
     [
         (_towers(num_towers=0), "--num_gpus (0) must be at least 1"),
-        (_towers(num_towers=4, micro_batches=6), "--micro_batches (6) must be a multiple of --num_gpus (4)"),
+        (_towers(num_towers=4, micro_batches=6), "--micro_batches (6) must be a multiple of the towers (--num_gpus=4)"),
+        (
+            _towers(num_towers=2, num_tasks=2, micro_batches=6),
+            "--micro_batches (6) must be a multiple of the towers (--num_gpus=2 x 2 tasks)",
+        ),
         (_towers(global_batch_size=100, micro_batches=3), "--global_batch_size (100) must be divisible by"),
         (_towers(device="tpu"), "--device ('tpu') must be one of"),
         (cfg.RunConfig(optimizer=cfg.OptimizerConfig(name="rmsprop")), "--optimizer ('rmsprop')"),

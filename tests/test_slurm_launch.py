@@ -91,7 +91,10 @@ def test_gpus_per_node_fills_in_num_gpus_and_a_conflict_is_refused(capsys, tmp_p
     "argv, message",
     [
         (["--", "--num_gpu=2"], "Unknown command line flag 'num_gpu'"),
-        (["--", "--num_gpus=2", "--micro_batches=3"], "--micro_batches (3) must be a multiple of --num_gpus (2)"),
+        (
+            ["--", "--num_gpus=2", "--micro_batches=3"],
+            "--micro_batches (3) must be a multiple of the towers (--num_gpus=2)",
+        ),
         (["--time=1:xx", "--"], "--time ('1:xx') must be a Slurm time"),
         (["--time=2", "--warning_sec=120", "--"], "--warning_sec (120) must be shorter than --time (2)"),
         (["--nodes=2", "--"], "multi-node training is not implemented"),

@@ -50,16 +50,35 @@ def _main(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures) likewise
     config = dataclasses.replace(config, flags_text=tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
 
-    from data import DataError  # noqa: PLC0415 (deferred: keeps flag errors fast)
-    from models import ModelError  # noqa: PLC0415
-    from trainer import distributed  # noqa: PLC0415
-    from trainer.checkpoint import CheckpointMismatch  # noqa: PLC0415 (imports TensorFlow)
-    from trainer.run import train  # noqa: PLC0415
+    from trainer import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
+    if tasks.num_tasks == 1:
+        return _train(config, None)
     if not tasks.is_chief:
         return distributed.serve(tasks, config, config.loop.cluster_timeout_sec, stop.REQUEST)
+    try:  # first, so that whatever fails next, the workers hear of it
+        distributed.connect(tasks, config, config.loop.cluster_timeout_sec)
+    except distributed.WorkerLost as e:
+        print(f"error: {e}", file=sys.stderr)
+        return stop.EXIT_FAILED
+    code = stop.EXIT_FAILED
     try:
-        train(config, cluster=tasks if tasks.num_tasks > 1 else None)
+        code = _train(config, tasks)
+    finally:
+        distributed.tell_workers(tasks, code)  # they exit with it (an exception: 1)
+    return code
+
+
+def _train(config: cfg.RunConfig, tasks) -> int:
+    """Trains as the only task or the chief; returns the exit code."""
+    from data import DataError  # noqa: PLC0415
+    from models import ModelError  # noqa: PLC0415
+    from trainer import distributed  # noqa: PLC0415
+    from trainer.checkpoint import CheckpointMismatch  # noqa: PLC0415
+    from trainer.run import train  # noqa: PLC0415
+
+    try:
+        train(config, cluster=tasks)
     except (cfg.ConfigError, DataError, ModelError, CheckpointMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE

@@ -3,8 +3,10 @@
 Every task of the job runs `python -m trainer` with the same flags. Task 0, the chief, connects to the cluster
 (`tf.config.experimental_connect_to_cluster`) and runs the loop with towers on every task's devices
 (`trainer.devices`); it alone writes to `--model_dir`. Every other task serves its devices with a
-`tf.distribute.Server` (`serve`) until the chief is gone, then exits with the chief's outcome: 0 when training
-finished, 75 when it stopped to be resumed, 1 otherwise.
+`tf.distribute.Server` (`serve`) until the chief tells it the run's exit code, which it exits with too: 0 when
+training finished, 75 when it stopped to be resumed. The chief tells every worker with a TensorFlow op run on
+that worker's CPU, writing a small status file on the worker's own disk (`status_path`): no shared file
+system is needed. A chief that dies without a word (SIGKILL) is noticed by its port closing: exit code 1.
 
 Failure is bounded, never a hang: a step that needs a dead worker fails at once with `UnavailableError`
 (`WorkerLost` names the task and host), and a watchdog probing every worker's port ends the chief when one
@@ -14,7 +16,6 @@ Checkpoints are atomic, so the last one stays valid and a rerun resumes from it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -64,7 +65,27 @@ def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) 
         )
     spec = tf.train.ClusterSpec({"worker": list(cluster.workers)})
     tf.config.experimental_connect_to_cluster(spec, job_name="worker", task_index=0, protocol="grpc")
+    tell_workers(cluster, CONNECTED)
     log(f"chief of {cluster.describe()}")
+
+
+CONNECTED = "connected"
+
+
+def status_path(address: str) -> str:
+    """Where the chief writes a worker's status, on the worker's machine: unique per port, as servers are."""
+    return os.path.join("/tmp", f"towerflow-worker-{address.rpartition(':')[2]}.status")
+
+
+def tell_workers(cluster: Cluster, status) -> None:
+    """Writes `status` (CONNECTED, or the chief's exit code) into every worker's status file, from the chief.
+    A worker that cannot be reached is skipped: it is gone already, or its watch of the chief's port ends it."""
+    for task in range(1, cluster.num_tasks):
+        try:
+            with tf.device(f"{devices.task_prefix(task, cluster.num_tasks)}{devices.HOST_DEVICE}"):
+                tf.io.write_file(status_path(cluster.workers[task]), str(status))
+        except tf.errors.OpError as e:
+            print(f"warning: could not tell {describe_task(cluster, task)} the run's status: {e}", file=sys.stderr)
 
 
 def _wait_for(addresses, timeout_sec: float) -> list[str]:
@@ -139,12 +160,15 @@ def explain(error: BaseException, cluster: Cluster) -> WorkerLost | None:
 
 
 def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_lib.StopRequest, log=print) -> int:
-    """Worker: serves this task's devices until the chief is gone; returns the exit code (module docstring).
+    """Worker: serves this task's devices until the chief says how the run ended; returns that exit code.
 
-    Stop signals do not end a worker while the chief lives: the chief checkpoints through the workers'
-    input pipelines, then exits, and the workers follow.
+    Stop signals do not end a worker the chief has joined: the chief checkpoints through the workers' input
+    pipelines, then tells them. Without a chief after `timeout_sec`, the worker gives up (1; 75 if signalled).
     """
     determinism.configure(config.seed, config.deterministic)
+    status = status_path(cluster.address)
+    if os.path.exists(status):
+        os.remove(status)  # a previous run's
     towers = config.towers
     session_config = tf.compat.v1.ConfigProto()
     if towers.device == "cpu":
@@ -154,40 +178,42 @@ def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_li
     server.start()
     chief = cluster.workers[0]
     log(f"{cluster.describe()}: serving {towers.num_towers} {towers.device} device(s) to the chief at {chief}")
-    if not _wait_for_chief(chief, timeout_sec, stop):
+    if not _wait_for_chief(status, timeout_sec, stop):
         log(f"the chief at {chief} never connected within {timeout_sec:.0f} s" if not stop.requested else "stopped")
         return stop_lib.EXIT_RESUMABLE if stop.requested else stop_lib.EXIT_FAILED
-    _wait_while_reachable(chief)
-    code, why = chief_outcome(config.loop.model_dir)
-    log(f"the chief at {chief} is gone ({why}); exiting with {code}")
+    code = _wait_for_exit_code(status, chief)
+    if code is None:
+        log(f"the chief at {chief} is gone without saying how the run ended (killed?); exiting with 1")
+        return stop_lib.EXIT_FAILED
+    log(f"the chief at {chief} ended the run with exit code {code}; exiting with it")
     return code
 
 
-def _wait_for_chief(chief: str, timeout_sec: float, stop: stop_lib.StopRequest) -> bool:
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _wait_for_chief(status: str, timeout_sec: float, stop: stop_lib.StopRequest) -> bool:
     deadline = time.monotonic() + timeout_sec
     while time.monotonic() < deadline and not stop.requested:
-        if reachable(chief):
+        if _read(status) is not None:
             return True
-        time.sleep(0.5)
-    return False
+        time.sleep(0.2)
+    return _read(status) is not None
 
 
-def _wait_while_reachable(chief: str, misses_to_leave: int = 3) -> None:
+def _wait_for_exit_code(status: str, chief: str, misses_to_leave: int = 3) -> int | None:
+    """The exit code the chief writes at its end, or None when its port closed without one."""
     misses = 0
-    while misses < misses_to_leave:
+    while True:
+        text = _read(status)
+        if text not in (None, CONNECTED, ""):
+            return int(text) if text.lstrip("-").isdigit() else stop_lib.EXIT_FAILED
+        if misses >= misses_to_leave:
+            return None
         misses = 0 if reachable(chief) else misses + 1
-        time.sleep(0.5 if misses else 1.0)
-
-
-def chief_outcome(model_dir: str) -> tuple[int, str]:
-    """(exit code, reason) from the chief's last attempt record in `model_dir/attempts.json`."""
-    try:
-        with open(os.path.join(model_dir, "attempts.json")) as f:
-            outcome = json.load(f)[-1]["outcome"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        return stop_lib.EXIT_FAILED, f"its outcome is unreadable: {e}"
-    if outcome == "finished":
-        return stop_lib.EXIT_OK, "training finished"
-    if "stopped by signal" in outcome:
-        return stop_lib.EXIT_RESUMABLE, outcome
-    return stop_lib.EXIT_FAILED, outcome
+        time.sleep(0.5)

@@ -43,8 +43,8 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
     Args:
       config: the run.
       stop: the stop request to honour (the process-wide `trainer.stop.REQUEST` by default).
-      cluster: a `launch.cluster.Cluster` of several tasks whose chief this process is (`trainer.distributed`);
-        None: this machine alone. `config.towers.num_tasks` must be its number of tasks.
+      cluster: a `launch.cluster.Cluster` of several tasks whose chief this process is, already connected
+        (`trainer.distributed.connect`); None: this machine alone. `config.towers.num_tasks` is its size.
 
     Raises:
       trainer.distributed.WorkerLost: a worker task died or never started; the message names it.
@@ -76,11 +76,11 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
 
 
 def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
-    """One attempt: connect (several tasks), build, resume, train, evaluate, export, write metrics.json."""
+    """One attempt: build, resume, train, evaluate, export, write metrics.json; with several tasks, a watchdog
+    ends the process when a worker stops answering."""
     _raise_if_stopped(stop, "before the model was built")
     watchdog = contextlib.nullcontext()
     if cluster is not None and cluster.num_tasks > 1:
-        distributed.connect(cluster, config, config.loop.cluster_timeout_sec, log=_log_line)
         watchdog = distributed.Watchdog(cluster, on_lost=lambda message: attempts.end(f"failed: {message}"))
     with watchdog:
         return _build_and_train(config, stop, attempts, job)

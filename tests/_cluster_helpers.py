@@ -1,0 +1,126 @@
+"""Start the tasks of one multi-machine run as processes on 127.0.0.1, from TF_CONFIG or faked Slurm variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE_FLAGS = (
+    "--device=cpu",
+    "--parameter_device=cpu",
+    "--deterministic",
+    "--log_every_steps=1",
+    "--eval_every_steps=0",
+    "--histogram_every_steps=0",
+    "--export=false",
+    "--cluster_timeout_sec=60",
+)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def tf_config_envs(num_tasks: int) -> list[dict]:
+    workers = [f"127.0.0.1:{p}" for p in free_ports(num_tasks)]
+    return [
+        {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})}
+        for i in range(num_tasks)
+    ]
+
+
+def slurm_envs(num_tasks: int) -> list[dict]:
+    """What `srun --ntasks=N` on one node named localhost sets; the job id picks free ports (launch.cluster)."""
+    while True:
+        job_id = random.randrange(100_000, 900_000)
+        base = 12000 + (job_id % 2500) * 8
+        if all(_free(base + i) for i in range(num_tasks)):
+            break
+    common = {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NUM_TASKS": str(num_tasks),
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_STEP_TASKS_PER_NODE": str(num_tasks),
+        "SLURMD_NODENAME": "localhost",
+    }
+    return [{**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "SLURM_NODEID": "0"} for i in range(num_tasks)]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+class Job:
+    """The tasks of one run; task 0 is the chief. Output goes to model_dir/../task-<i>.log."""
+
+    def __init__(self, model_dir, envs: list[dict], num_gpus: int, *flags: str):
+        self.model_dir = str(model_dir)
+        self.logs = [f"{self.model_dir}.task{i}.log" for i in range(len(envs))]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM") and k != "TF_CONFIG"}
+        args = [sys.executable, "-m", "trainer", f"--model_dir={self.model_dir}", f"--num_gpus={num_gpus}"]
+        self.procs = []
+        for env, log in zip(envs, self.logs, strict=True):
+            with open(log, "w") as out:
+                command = [*args, *BASE_FLAGS, *flags]
+                self.procs.append(
+                    subprocess.Popen(command, cwd=ROOT, env={**base, **env}, stdout=out, stderr=subprocess.STDOUT)
+                )
+
+    def wait(self, timeout: float = 300) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"task did not exit in {timeout} s:\n{self.output(0)[-3000:]}") from None
+        return codes
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.wait()
+
+    def output(self, task: int) -> str:
+        with open(self.logs[task]) as f:
+            return f.read()
+
+    def wait_for_step(self, step: int, timeout: float = 180) -> None:
+        """Until the chief has logged training step `step` (or later)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = [int(s) for s in re.findall(r"^step\s+(\d+)/", self.output(0), re.M)]
+            if done and max(done) >= step:
+                return
+            if self.procs[0].poll() is not None:
+                raise AssertionError(f"the chief exited early:\n{self.output(0)[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"no step {step} in {timeout} s:\n{self.output(0)[-3000:]}")
+
+
+def metrics(model_dir) -> dict:
+    with open(os.path.join(str(model_dir), "metrics.json")) as f:
+        return json.load(f)

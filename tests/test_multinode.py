@@ -1,0 +1,129 @@
+"""Several machines, stood in for by processes on 127.0.0.1 with logical CPU devices (trainer.distributed).
+
+The same weights for every layout of the same K micro-batches, after a kill of the whole job and after a
+preemption; a dead worker ends the chief with a message naming it; workers leave with the chief's outcome.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests._cluster_helpers import ROOT, Job, metrics, slurm_envs, tf_config_envs
+
+LAYOUT = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=12", "--checkpoint_every_steps=3")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process, 4 towers: the weights every layout must reproduce."""
+    model_dir = tmp_path_factory.mktemp("reference") / "run"
+    job = Job(model_dir, [{}], 4, *LAYOUT)
+    assert job.wait() == [0], job.output(0)[-3000:]
+    return metrics(model_dir)
+
+
+@pytest.mark.parametrize("num_tasks, envs", [(2, tf_config_envs), (4, slurm_envs)])
+def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, envs):
+    job = Job(tmp_path / "run", envs(num_tasks), 4 // num_tasks, *LAYOUT)
+    assert job.wait() == [0] * num_tasks, job.output(0)[-3000:]
+    result = metrics(tmp_path / "run")
+    assert result["weights_sha256"] == reference["weights_sha256"]
+    assert (result["num_tasks"], result["num_towers"], result["towers_per_task"]) == (num_tasks, 4, 4 // num_tasks)
+    assert result["global_step"] == 12
+    assert result["eval_examples"] == reference["eval_examples"] == 360  # every eval example once
+    assert result["eval_accuracy"] == reference["eval_accuracy"]
+    for task in range(1, num_tasks):
+        assert "ended the run with exit code 0; exiting with it" in job.output(task)
+    assert f"chief of task 0 of {num_tasks}" in job.output(0)
+
+
+def test_whole_job_killed_then_resumed_is_bitwise_the_same(tmp_path, reference):
+    job = Job(tmp_path / "run", slurm_envs(2), 2, *LAYOUT)
+    job.wait_for_step(7)
+    job.kill()  # SIGKILL to every task, as a node failure or `scancel --signal=KILL` would
+    rerun = Job(tmp_path / "run", slurm_envs(2), 2, *LAYOUT)
+    assert rerun.wait() == [0, 0], rerun.output(0)[-3000:]
+    assert "resumed from" in rerun.output(0) and "at step 6" in rerun.output(0)
+    assert metrics(tmp_path / "run")["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_sigterm_to_every_task_checkpoints_once_and_resumes_bitwise(tmp_path, reference):
+    job = Job(tmp_path / "run", tf_config_envs(2), 2, *LAYOUT, "--checkpoint_every_steps=0")
+    job.wait_for_step(4)
+    for proc in job.procs:  # Slurm's preemption signals every task of the step
+        proc.send_signal(signal.SIGTERM)
+    assert job.wait(120) == [75, 75], job.output(0)[-3000:]
+    stopped = [line for line in job.output(0).splitlines() if line.startswith("stopped by")]
+    assert len(stopped) == 1 and "checkpoint" in stopped[0], job.output(0)[-2000:]
+    saved = sorted(f for f in os.listdir(tmp_path / "run") if f.startswith("ckpt-") and f.endswith(".index"))
+    assert len(saved) == 1  # the stop's checkpoint, from the chief alone
+    assert "ended the run with exit code 75" in job.output(1)
+    rerun = Job(tmp_path / "run", tf_config_envs(2), 2, *LAYOUT, "--checkpoint_every_steps=0")
+    assert rerun.wait() == [0, 0], rerun.output(0)[-3000:]
+    assert metrics(tmp_path / "run")["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_a_killed_chief_ends_its_workers(tmp_path):
+    job = Job(
+        tmp_path / "run", tf_config_envs(3), 1, "--micro_batches=3", "--global_batch_size=63", "--train_steps=100000"
+    )
+    job.wait_for_step(2)
+    job.procs[0].kill()
+    assert job.wait(60)[1:] == [1, 1]
+    assert "is gone without saying how the run ended" in job.output(2)
+
+
+def test_a_dead_worker_ends_the_chief_naming_it_and_a_rerun_resumes(tmp_path):
+    flags = ("--micro_batches=2", "--train_steps=100000", "--checkpoint_every_steps=2")
+    envs = tf_config_envs(2)
+    worker = json.loads(envs[1]["TF_CONFIG"])["cluster"]["worker"][1]
+    job = Job(tmp_path / "run", envs, 1, *flags)
+    job.wait_for_step(5)
+    killed = time.monotonic()
+    job.procs[1].kill()
+    code = job.procs[0].wait(timeout=90)
+    ended_after = time.monotonic() - killed
+    assert code == 1, job.output(0)[-3000:]
+    assert ended_after < 60
+    assert f"worker task 1 ({worker})" in job.output(0)
+    with open(tmp_path / "run" / "attempts.json") as f:
+        assert json.load(f)[-1]["outcome"].startswith("failed: ")
+    saved = max(int(f[5:-6]) for f in os.listdir(tmp_path / "run") if f.startswith("ckpt-") and f.endswith(".index"))
+    rerun = Job(tmp_path / "run", tf_config_envs(2), 1, *flags[:1], f"--train_steps={saved + 2}")
+    assert rerun.wait() == [0, 0], rerun.output(0)[-3000:]
+    assert f"at step {saved}" in rerun.output(0)
+    assert metrics(tmp_path / "run")["global_step"] == saved + 2
+
+
+def test_workers_leave_with_the_chiefs_failure(tmp_path):
+    """The chief fails on bad data after connecting; the worker must not wait for the time limit."""
+    flags = ("--train_data=/nonexistent/train-*", "--eval_data=/nonexistent/eval-*", "--num_classes=10")
+    job = Job(tmp_path / "run", tf_config_envs(2), 1, *flags)
+    assert job.wait(120) == [2, 2]
+    assert "no files match --train_data" in job.output(0)
+    assert "ended the run with exit code 2; exiting with it" in job.output(1)
+
+
+def test_async_across_two_tasks_reports_staleness(tmp_path):
+    job = Job(tmp_path / "run", slurm_envs(2), 1, "--update_mode=async", "--nodeterministic", "--train_steps=60")
+    assert job.wait() == [0, 0], job.output(0)[-3000:]
+    result = metrics(tmp_path / "run")
+    assert (result["num_tasks"], result["num_towers"], result["global_step"]) == (2, 2, 60)
+    assert result["staleness_updates"] == 60 and 0 <= result["staleness_mean"] <= result["staleness_max"] <= 2
+    assert result["eval_accuracy"] > 0.5
+
+
+def test_a_bad_cluster_is_refused_before_tensorflow_loads(tmp_path):
+    env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"index": 3}})}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer", f"--model_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "index" in done.stderr and "3" in done.stderr
+    assert time.monotonic() - started < 10
