@@ -35,7 +35,7 @@ def measure(model: str, num_towers: int, placement_name: str, per_micro_batch: i
     from trainer import traffic
 
     step, variables, host = _sync_step(model, num_towers, placement_name, per_micro_batch)
-    graph = step._step_fn.get_concrete_function(step.iterator, False, False).graph
+    graph = step._step_fn.get_concrete_function([it.iterator for it in step.iterators], False, False).graph
     counted = traffic.count(graph, host)
     device, busiest = counted.busiest()
     row = {
@@ -70,13 +70,14 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
     inputs = types.SimpleNamespace(train=types.SimpleNamespace(example_shape=EXAMPLE_SHAPES[model]))
     inputs.num_classes = NUM_CLASSES
     model_, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
-    batch = per_micro_batch * num_towers
+    from trainer.inputs import PlacedIterator
+
     dataset = tf.data.Dataset.from_tensors(
-        (tf.zeros((batch, *EXAMPLE_SHAPES[model])), tf.zeros((batch,), tf.int32))
+        (tf.zeros((per_micro_batch, *EXAMPLE_SHAPES[model])), tf.zeros((per_micro_batch,), tf.int32))
     ).repeat()
-    with tf.device(placement.host):
-        iterator = iter(dataset)
-    return SyncUpdate(model_, optimizer, placement, num_towers, global_step, iterator), model_.variables, placement.host
+    iterators = [PlacedIterator(dataset, placement.host) for _ in range(num_towers)]  # one stream per micro-batch
+    step = SyncUpdate(model_, optimizer, placement, num_towers, global_step, iterators)
+    return step, model_.variables, placement.host
 
 
 def _examples_per_sec(step, steps: int) -> float:

@@ -40,6 +40,19 @@ def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, en
     for task in range(1, num_tasks):
         assert "ended the run with exit code 0; exiting with it" in job.output(task)
     assert f"chief of task 0 of {num_tasks}" in job.output(0)
+    per_task = 4 // num_tasks
+    want = {f"tower_step_sec/task_{t}_cpu_{g}" for t in range(num_tasks) for g in range(per_task)}
+    assert want <= _train_tags(tmp_path / "run")  # TensorBoard names the towers by task and device
+
+
+def _train_tags(model_dir) -> set[str]:
+    import tensorflow as tf
+
+    tags = set()
+    for name in os.listdir(model_dir / "train"):
+        for event in tf.compat.v1.train.summary_iterator(str(model_dir / "train" / name)):
+            tags.update(value.tag for value in event.summary.value)
+    return tags
 
 
 def test_whole_job_killed_then_resumed_is_bitwise_the_same(tmp_path, reference):
@@ -88,7 +101,7 @@ def test_a_dead_worker_ends_the_chief_naming_it_and_a_rerun_resumes(tmp_path):
     job.procs[1].kill()
     code = job.procs[0].wait(timeout=90)
     ended_after = time.monotonic() - killed
-    assert code == 1, job.output(0)[-3000:]
+    assert code == 1, (code, job.output(0)[-3000:])
     assert ended_after < 60
     assert f"worker task 1 ({worker})" in job.output(0)
     with open(tmp_path / "run" / "attempts.json") as f:

@@ -126,8 +126,8 @@ class AsyncUpdate:
                     applied = self._apply_fn(result.loss, result.grads, _state_updates(result, self._seed_flags))
                     if not bool(applied["finite"]):
                         raise Diverged(
-                            f"the loss or gradient of tower {tower} was not finite at step {int(applied['step']) + 1}"
-                            f"; that update was not applied"
+                            f"the loss or gradient of {self.placement.describe_tower(tower)} was not finite at step "
+                            f"{int(applied['step']) + 1}; that update was not applied"
                         )
                     self._last_apply = applied
                     staleness = int(applied["step"]) - int(read_step) - 1

@@ -39,9 +39,22 @@ class Placement:
         """How logs name a tower: `tower 3`, or `task 1 / gpu 1` (`cpu 1`) with several tasks."""
         if self.num_tasks == 1:
             return f"tower {tower}"
+        task, device = self._task_and_device(tower)
+        return f"task {task} / {self._kind(tower)} {device}"
+
+    def tower_tag(self, tower: int) -> str:
+        """How TensorBoard names a tower: `tower_3`, or `task_1_gpu_1` with several tasks."""
+        if self.num_tasks == 1:
+            return f"tower_{tower}"
+        task, device = self._task_and_device(tower)
+        return f"task_{task}_{self._kind(tower)}_{device}"
+
+    def _task_and_device(self, tower: int) -> tuple[int, int]:
         per_task = len(self.towers) // self.num_tasks
-        kind = "cpu" if "CPU:" in self.towers[tower].rsplit("/", 1)[-1] else "gpu"
-        return f"task {tower // per_task} / {kind} {tower % per_task}"
+        return tower // per_task, tower % per_task
+
+    def _kind(self, tower: int) -> str:
+        return "cpu" if "CPU:" in self.towers[tower].rsplit("/", 1)[-1] else "gpu"
 
 
 def task_prefix(task: int, num_tasks: int) -> str:

@@ -118,7 +118,8 @@ def _raise_if_stopped(stop: stop_lib.StopRequest, when: str) -> None:
 
 def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop: stop_lib.StopRequest) -> dict:
     """Runs the loop, recording the attempt's progress at every checkpoint."""
-    summaries = Summaries(config.loop.model_dir)
+    placement = state.placement
+    summaries = Summaries(config.loop.model_dir, [placement.tower_tag(i) for i in range(len(placement.towers))])
     summaries.hparams(hparams(config))
     trainable = state.model.trainable_variables
 

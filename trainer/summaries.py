@@ -55,7 +55,8 @@ def _purged(event, after_step: int) -> bool:
 class Summaries:
     """Event writers for `model_dir/train` and `model_dir/eval`."""
 
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, tower_tags: list[str] | None = None):
+        self.tower_tags = tower_tags  # names of the per-tower scalars; None: tower_<i>
         self.train = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
         self.eval = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
 
@@ -66,7 +67,8 @@ class Summaries:
             for name, value in values.items():
                 if isinstance(value, (list, tuple)):
                     for i, item in enumerate(value):
-                        tf.summary.scalar(f"{name}/tower_{i}", item)
+                        tag = self.tower_tags[i] if self.tower_tags else f"tower_{i}"
+                        tf.summary.scalar(f"{name}/{tag}", item)
                 else:
                     tf.summary.scalar(name, value)
         writer.flush()

@@ -106,7 +106,7 @@ class SyncUpdate:
         where = "the gradient"
         if int(micro_batch) >= 0:
             tower = tower_of_micro_batch(int(micro_batch), self.num_micro_batches, len(self.placement.towers))
-            where = f"the loss of micro-batch {int(micro_batch)} (tower {tower})"
+            where = f"the loss of micro-batch {int(micro_batch)} ({self.placement.describe_tower(tower)})"
         raise Diverged(f"{where} was not finite at step {int(step) + 1}; that update was not applied")
 
     def close(self) -> None:
