@@ -79,10 +79,12 @@ def bytes_per_step(flags: list[str], steps: int, root: str) -> dict:
 
 
 def model_bytes(model: str, shape: tuple[int, ...]) -> tuple[int, int]:
-    """(trainable, all) variable bytes of the trainer's model."""
+    """(trainable, all) variable bytes of the trainer's model (float32)."""
     code = (
-        f"import json, models; m = models.build_model({model!r}, {shape!r}, 10); "
-        "print(json.dumps([sum(v.size * 4 for v in m.trainable_variables), sum(v.size * 4 for v in m.variables)]))"
+        "import json, models, numpy as np\n"
+        f"m = models.build_model({model!r}, {shape!r}, 10)\n"
+        "size = lambda vs: sum(int(np.prod(v.shape)) * 4 for v in vs)\n"
+        "print(json.dumps([size(m.trainable_variables), size(m.variables)]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return tuple(json.loads(out.strip().splitlines()[-1]))

@@ -4,6 +4,7 @@ no non-finite weight is checkpointed or exported, the last finite checkpoint sta
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -47,8 +48,8 @@ def test_huge_learning_rate_stops_within_one_update(make_config, tmp_path, updat
     assert not os.path.exists(tmp_path / "run" / "metrics.json")
     attempts = json.loads((tmp_path / "run" / "attempts.json").read_text())
     assert attempts[-1]["outcome"].startswith("diverged:") and attempts[-1]["step"] == bad_step - 1
-    if update_mode == "sync":
-        assert "micro-batch" in str(e.value) and "tower" in str(e.value)
+    if update_mode == "sync":  # names the micro-batch and tower whose loss overflowed, else says the gradient did
+        assert re.search(r"the loss of micro-batch \d+ \(tower \d+\)|the gradient was not finite", str(e.value))
 
 
 def test_the_weights_are_those_before_the_bad_update(make_config, tmp_path):

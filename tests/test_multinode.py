@@ -55,6 +55,21 @@ def _train_tags(model_dir) -> set[str]:
     return tags
 
 
+def test_spread_variables_over_the_towers_of_every_task(tmp_path):
+    """--parameter_device=spread owns variables on towers of both tasks; the weights are those of one task."""
+    flags = (*LAYOUT, "--parameter_device=spread")
+    one = Job(tmp_path / "one", [{}], 4, *flags)
+    assert one.wait() == [0], one.output(0)[-3000:]
+    two = Job(tmp_path / "two", tf_config_envs(2), 2, *flags)
+    assert two.wait() == [0, 0], two.output(0)[-3000:]
+    result = metrics(tmp_path / "two")
+    assert result["weights_sha256"] == metrics(tmp_path / "one")["weights_sha256"]
+    assert {d.split("/device:")[0] for d in result["parameter_devices"]} == {
+        "/job:worker/replica:0/task:0",
+        "/job:worker/replica:0/task:1",
+    }
+
+
 def test_whole_job_killed_then_resumed_is_bitwise_the_same(tmp_path, reference):
     job = Job(tmp_path / "run", slurm_envs(2), 2, *LAYOUT)
     job.wait_for_step(7)

@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from trainer import devices, report, spread, traffic
+from trainer.inputs import PlacedIterator
 from trainer.run import build, train
 from trainer.sync import SyncUpdate
 
@@ -130,10 +131,10 @@ def _dense_step_traffic(placement_name: str) -> traffic.Traffic:
         optimizer.build(model.trainable_variables)
         spread.place_updates(optimizer)
         step = tf.Variable(0, dtype=tf.int64)
-    with tf.device(host):
-        iterator = iter(tf.data.Dataset.from_tensors((tf.zeros((8, 6)), tf.zeros((8,), tf.int32))).repeat())
-    mode = SyncUpdate(model, optimizer, placement, 2, step, iterator)
-    graph = mode._step_fn.get_concrete_function(iterator, False, False).graph
+    micro_batch = tf.data.Dataset.from_tensors((tf.zeros((4, 6)), tf.zeros((4,), tf.int32))).repeat()
+    streams = [PlacedIterator(micro_batch, host) for _ in range(2)]  # one input stream per micro-batch
+    mode = SyncUpdate(model, optimizer, placement, 2, step, streams)
+    graph = mode._step_fn.get_concrete_function([it.iterator for it in streams], False, False).graph
     if placement.spread_over:  # what the hand count below assumes
         assert [v.value.device[-5:] for v in model.variables] == ["CPU:0", "CPU:1", "CPU:1", "CPU:1"]
     return traffic.count(graph, host)
@@ -141,7 +142,7 @@ def _dense_step_traffic(placement_name: str) -> traffic.Traffic:
 
 def test_traffic_matches_a_hand_count():
     """Model: kernel 6x5 (120 B), bias 5 (20 B), kernel 5x3 (60 B), bias 3 (12 B): 212 B. Input: 8x6 float32
-    (192 B) + 8 int32 labels (32 B), split on the host into two micro-batches of 112 B."""
+    (192 B) + 8 int32 labels (32 B), read on the host as two micro-batches of 112 B."""
     gpu = _dense_step_traffic("gpu")
     # CPU:0 holds everything: it sends tower 1 the 212 B of values and gets back tower 1's 212 B of gradients
     # plus its loss and accuracy count (4 B each).

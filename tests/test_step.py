@@ -8,6 +8,7 @@ import tensorflow as tf
 import models
 from trainer import determinism, devices, optim
 from trainer.config import OptimizerConfig, TowerConfig
+from trainer.inputs import PlacedIterator
 from trainer.sync import SyncUpdate
 
 
@@ -36,6 +37,13 @@ def _plain_sgd_step(model, features, labels, learning_rate, micro_batches=1):
     return float(np.mean(losses))
 
 
+def _streams(features, labels, k: int) -> list[PlacedIterator]:
+    """K input streams on the host, stream j yielding the j-th slice of the batch forever."""
+    size = len(labels) // k
+    parts = [(features[j * size : (j + 1) * size], labels[j * size : (j + 1) * size]) for j in range(k)]
+    return [PlacedIterator(tf.data.Dataset.from_tensors(p).repeat(), devices.HOST_DEVICE) for p in parts]
+
+
 @pytest.mark.parametrize(
     "name, num_towers, micro_batches", [("mlp", 1, 1), ("mlp", 2, 4), ("resnet20", 1, 1), ("resnet20", 2, 2)]
 )
@@ -48,8 +56,7 @@ def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
     step = tf.Variable(0, dtype=tf.int64)
     optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
     optimizer.build(model.trainable_variables)
-    dataset = tf.data.Dataset.from_tensors((features, labels)).repeat()
-    update = SyncUpdate(model, optimizer, placement, micro_batches, step, iter(dataset))
+    update = SyncUpdate(model, optimizer, placement, micro_batches, step, _streams(features, labels, micro_batches))
     before = [v.numpy() for v in model.trainable_variables]
     metrics = update.train_steps(1)
     plain_loss = _plain_sgd_step(reference, features, labels, 0.1, micro_batches)
@@ -81,9 +88,7 @@ def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
     optimizer.build(model.trainable_variables)
     features = rng.random((24, 8, 8, 1)).astype(np.float32)
     labels = rng.integers(0, 10, 24).astype(np.int32)
-    update = SyncUpdate(
-        model, optimizer, placement, 3, step, iter(tf.data.Dataset.from_tensors((features, labels)).repeat())
-    )
+    update = SyncUpdate(model, optimizer, placement, 3, step, _streams(features, labels, 3))
     kernel = model.get_layer("conv").kernel.numpy()
     update.train_steps(5)
     assert not np.array_equal(model.get_layer("conv").kernel.numpy(), kernel)  # training happened

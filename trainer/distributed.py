@@ -82,8 +82,10 @@ def tell_workers(cluster: Cluster, status) -> None:
     A worker that cannot be reached is skipped: it is gone already, or its watch of the chief's port ends it."""
     for task in range(1, cluster.num_tasks):
         try:
+            path = status_path(cluster.workers[task])
             with tf.device(f"{devices.task_prefix(task, cluster.num_tasks)}{devices.HOST_DEVICE}"):
-                tf.io.write_file(status_path(cluster.workers[task]), str(status))
+                tf.io.write_file(path, str(status))
+                tf.io.read_file(path).numpy()  # remote ops run asynchronously: wait until the file is written
         except tf.errors.OpError as e:
             print(f"warning: could not tell {describe_task(cluster, task)} the run's status: {e}", file=sys.stderr)
 
