@@ -1,6 +1,6 @@
 """The sbatch script of a towerflow job: rendered from a `JobSpec`, pure text, no Slurm needed.
 
-What the script does, and why:
+One task (`--nodes=1 --tasks_per_node=1`, the default): what the script does, and why:
 - `exec` makes the trainer the batch task itself. Slurm signals a job's task, not the task's children
   (SIGKILL aside): a trainer started as a child of the batch shell never sees the SIGTERM of a preemption or
   of `scontrol requeue`, and loses everything since its last checkpoint.
@@ -11,6 +11,30 @@ What the script does, and why:
 - `--open-mode=append` with the job id in the log's name: every attempt of a job appends to one log (Slurm's
   default truncates it at each restart).
 - The Python interpreter and working directory are the ones the job was submitted from.
+
+Several tasks (`--nodes=M`, `--tasks_per_node=T`, M*T > 1): every task runs the same `python -m trainer`;
+task 0 (the first task of the first node) is the chief, the others serve their devices to it
+(`trainer/distributed.py`, `launch/cluster.py`). The normal layout is one task per node driving all the
+node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks on one machine.
+- `exec srun --kill-on-bad-exit=1 python -m trainer ...`: the batch task becomes srun, which starts the M*T
+  tasks as one job step (block distribution, which `launch.cluster` expects); a task that fails (a dead
+  worker, a bad flag on one node) ends the whole step instead of leaving the others waiting.
+- `--signal=USR1@W` without `B:`: Slurm then signals every task of every job step, and not the batch shell
+  (srun). The chief is a step task, so it gets the warning itself, directly from its node's slurmstepd;
+  workers ignore stop signals and leave with the chief's exit code. `B:` would signal only srun.
+- Does srun forward SIGTERM to the tasks on preemption or requeue? It need not, and it does not. Preemption
+  and `scontrol requeue` send SIGCONT+SIGTERM to every step of the job, the batch step (srun) included, then
+  SIGKILL KillWait seconds later (slurmd.log: "Sent signal 15 to StepId=J.0" and "... J.batch"): each task
+  hears SIGTERM from its own node's slurmstepd. srun, given SIGTERM (or SIGHUP/SIGQUIT), does not pass it
+  on: it logs "forcing job termination" and asks for SIGKILL on its tasks (srun's signal handler; the other
+  signals, USR1 among them, it forwards as they are; `man srun`: "Signals sent to the srun command are
+  automatically forwarded to the tasks it is controlling with a few exceptions"). On Slurm 22.05 with
+  proctrack/cgroup that SIGKILL did not cut the tasks' grace short during a requeue (the step is already
+  being cancelled): the chief finished its step, checkpointed and exited 75 a second later
+  (tests/test_slurm_jobs.py). Elsewhere, treat KillWait as the budget for the step in progress plus one
+  checkpoint. `scancel --signal=TERM JOB` (no --full/--batch) signals the step tasks only, not srun.
+- srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05), so the script passes it again; with
+  T > 1 GPU tasks per node, `--gpu-bind=per_task:G` gives each task its own G GPUs.
 """
 
 from __future__ import annotations
@@ -38,7 +62,8 @@ class JobSpec:
     workdir: str
     job_name: str = "towerflow"
     nodes: int = 1
-    gpus_per_node: int = 0  # 0: no GPUs (--device=cpu)
+    tasks_per_node: int = 1  # trainer tasks on each node; one per node driving all its GPUs is the normal layout
+    gpus_per_node: int = 0  # 0: no GPUs (--device=cpu); tasks_per_node * the trainer's --num_gpus
     cpus_per_task: int = 0  # 0: Slurm's default
     time: str = ""  # Slurm's time format; "": the partition's default limit
     warning_sec: int = 0  # 0: derived from `time` (default_warning_sec)
@@ -46,6 +71,10 @@ class JobSpec:
     account: str = ""
     sbatch_args: tuple[str, ...] = ()
     max_requeues: int = 3
+
+    @property
+    def num_tasks(self) -> int:
+        return self.nodes * self.tasks_per_node
 
     @property
     def log_path(self) -> str:
@@ -84,10 +113,13 @@ def default_warning_sec(time_sec: int | None) -> int:
 
 def validate(spec: JobSpec) -> JobSpec:
     """Checks what needs no Slurm; returns `spec`. Raises SpecError naming the option."""
-    if spec.nodes != 1:
+    for name in ("nodes", "tasks_per_node"):
+        if getattr(spec, name) < 1:
+            raise SpecError(f"--{name} ({getattr(spec, name)}) must be >= 1")
+    if spec.gpus_per_node % spec.tasks_per_node:
         raise SpecError(
-            f"--nodes ({spec.nodes}): towerflow trains on the GPUs of one node per job for now "
-            f"(multi-node training is not implemented); use --nodes=1 and --gpus_per_node"
+            f"--gpus_per_node ({spec.gpus_per_node}) must be a multiple of --tasks_per_node ({spec.tasks_per_node}): "
+            f"every task drives the same number of GPUs"
         )
     if re.search(r"\s", spec.model_dir):
         raise SpecError(f"--model_dir ({spec.model_dir!r}) must not contain white space (#SBATCH --output cannot)")
@@ -109,8 +141,9 @@ def _sbatch_options(spec: JobSpec) -> list[str]:
         "--open-mode=append",
         "--requeue",
         f"--nodes={spec.nodes}",
-        "--ntasks-per-node=1",
-        f"--signal=B:{WARNING_SIGNAL}@{warning}",
+        f"--ntasks-per-node={spec.tasks_per_node}",
+        # one task: the batch task is the trainer (B:); several: every step task, so the chief (see the top)
+        f"--signal={'B:' if spec.num_tasks == 1 else ''}{WARNING_SIGNAL}@{warning}",
     ]
     optional = {
         "--gres=gpu:": spec.gpus_per_node,
@@ -123,11 +156,40 @@ def _sbatch_options(spec: JobSpec) -> list[str]:
     return options + list(spec.sbatch_args)
 
 
+def _srun(spec: JobSpec) -> list[str]:
+    """srun and its options, for a job of several tasks (each gets the allocation's tasks, block-distributed)."""
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if spec.cpus_per_task:
+        srun.append(f"--cpus-per-task={spec.cpus_per_task}")  # not inherited from sbatch since Slurm 22.05
+    if spec.gpus_per_node and spec.tasks_per_node > 1:
+        srun.append(f"--gpu-bind=per_task:{spec.gpus_per_node // spec.tasks_per_node}")  # not all on GPU 0..G-1
+    return srun
+
+
+_ONE_TASK_COMMENT = (
+    "# exec: the trainer becomes the batch task, so Slurm's SIGTERM (preemption, scontrol requeue) and the",
+    "# time-limit warning (--signal=B:USR1) reach it. As a child of this shell it would never see them.",
+)
+_TASKS_COMMENT = (
+    "# {n} tasks run `python -m trainer` with the same flags; task 0 is the chief, the others serve it. exec: srun",
+    "# becomes the batch task. The time-limit warning is --signal=USR1 without B: Slurm sends it to every task",
+    "# of every step (B: would reach only srun), so the chief gets it, checkpoints and requeues the job; workers",
+    "# ignore stop signals and exit with the chief's code. Preemption and scontrol requeue send SIGTERM to every",
+    "# task directly too. srun does not forward a SIGTERM it gets (it asks for SIGKILL instead); on Slurm 22.05",
+    "# that does not cut short the tasks' KillWait grace when the job is being requeued. --kill-on-bad-exit=1:",
+    "# a failed task ends the step rather than leaving the others waiting for it.",
+)
+
+
 def render(spec: JobSpec) -> str:
     """The sbatch script of `spec` (validated first)."""
     validate(spec)
     command = [spec.python, "-u", "-m", "trainer", f"--model_dir={spec.model_dir}"]
     command += [f"--max_requeues={spec.max_requeues}", *spec.trainer_args]
+    comment = _ONE_TASK_COMMENT
+    if spec.num_tasks > 1:
+        command = [*_srun(spec), *command]
+        comment = tuple(line.format(n=spec.num_tasks) for line in _TASKS_COMMENT)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     lines = [
         "#!/bin/bash",
@@ -136,8 +198,7 @@ def render(spec: JobSpec) -> str:
         "set -eu",
         f"cd {shlex.quote(spec.workdir)}",
         'echo "=== towerflow: job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
-        "# exec: the trainer becomes the batch task, so Slurm's SIGTERM (preemption, scontrol requeue) and the",
-        "# time-limit warning (--signal=B:USR1) reach it. As a child of this shell it would never see them.",
+        *comment,
         "exec " + " ".join(shlex.quote(part) for part in command),
     ]
     return "\n".join(lines) + "\n"

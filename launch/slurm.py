@@ -1,22 +1,27 @@
 """`python -m launch.slurm`: render a towerflow job's sbatch script into MODEL_DIR/slurm/ and submit it.
 
-    python -m launch.slurm --model_dir=DIR [--gpus_per_node=G] [--cpus_per_task=C] [--time=HH:MM:SS]
-        [--partition=P] [--account=A] [--sbatch_arg=--qos=high ...] [--max_requeues=N] [--dry_run]
-        -- TRAINER_FLAGS...
+    python -m launch.slurm --model_dir=DIR [--nodes=M] [--tasks_per_node=T] [--gpus_per_node=G]
+        [--cpus_per_task=C] [--time=HH:MM:SS] [--partition=P] [--account=A] [--sbatch_arg=--qos=high ...]
+        [--max_requeues=N] [--dry_run] -- TRAINER_FLAGS...
+
+With M*T > 1 the job runs M*T trainer tasks (srun), each with the same flags; `--num_gpus` is per task, so
+the run has M*T*num_gpus towers. The normal layout is one task per node driving all its GPUs (T=1, the
+default); T > 1 is mainly for testing several tasks on one node.
 
 The trainer flags are checked before anything is submitted (a typo fails now, not after hours in the
-queue). What the script does and why: `launch/sbatch.py`.
+queue), for the run's real number of tasks. What the script does and why: `launch/sbatch.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import subprocess
 import sys
 
-from launch import sbatch
+from launch import cluster, sbatch
 
 
 class SubmitError(RuntimeError):
@@ -29,9 +34,21 @@ def _parser() -> argparse.ArgumentParser:
         description="Render and submit a towerflow Slurm job. Trainer flags go after `--`.",
     )
     p.add_argument("--model_dir", required=True, help="the run's directory (shared storage); logs go to DIR/slurm/")
-    p.add_argument("--nodes", type=int, default=1, help="nodes (1: multi-node training is not implemented yet)")
-    p.add_argument("--gpus_per_node", type=int, default=None, help="GPUs per node; default: the trainer's --num_gpus")
-    p.add_argument("--cpus_per_task", type=int, default=0, help="CPUs for the trainer (input pipeline); 0: default")
+    p.add_argument("--nodes", type=int, default=1, help="nodes; more than 1 runs one trainer task per node (srun)")
+    p.add_argument(
+        "--tasks_per_node",
+        type=int,
+        default=1,
+        help="trainer tasks per node (default 1: one task per node driving all its GPUs, the normal layout; "
+        "more is mainly for testing several tasks on one node)",
+    )
+    p.add_argument(
+        "--gpus_per_node",
+        type=int,
+        default=None,
+        help="GPUs per node; default: --tasks_per_node times the trainer's --num_gpus (which is per task)",
+    )
+    p.add_argument("--cpus_per_task", type=int, default=0, help="CPUs per trainer task (input pipeline); 0: default")
     p.add_argument("--time", default="", help="time limit (HH:MM:SS, D-HH:MM, ...); '': the partition's")
     p.add_argument(
         "--warning_sec",
@@ -48,8 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _trainer_flags(trainer_args: list[str]):
-    """Parses and validates the trainer flags exactly as `python -m trainer` would (without TensorFlow).
+def _trainer_flags(trainer_args: list[str], num_tasks: int = 1):
+    """Parses and validates the trainer flags exactly as `python -m trainer` would (without TensorFlow), as
+    one of `num_tasks` tasks (the number of towers, hence e.g. --micro_batches, depends on it).
 
     Raises:
       sbatch.SpecError: an unknown flag or a bad value, with the trainer's message.
@@ -64,7 +82,8 @@ def _trainer_flags(trainer_args: list[str]):
     values.unparse_flags()  # forget an earlier parse in this process (tests call main() repeatedly)
     try:
         values(["trainer", *trainer_args])
-        trainer_flags.config_from_flags(values)
+        config = trainer_flags.config_from_flags(values)
+        cfg.validate(dataclasses.replace(config, towers=dataclasses.replace(config.towers, num_tasks=num_tasks)))
     except (flags.Error, cfg.ConfigError) as e:
         raise sbatch.SpecError(f"trainer flags: {e}") from e
     return values
@@ -79,16 +98,30 @@ def spec_from_args(args: argparse.Namespace, trainer_args: list[str]) -> sbatch.
     if any(a.startswith("--model_dir") for a in trainer_args):
         raise sbatch.SpecError("give --model_dir to launch.slurm (before `--`), not among the trainer flags")
     model_dir = os.path.abspath(args.model_dir)
+    tasks_per_node = args.tasks_per_node
+    if args.nodes < 1 or tasks_per_node < 1:
+        raise sbatch.SpecError(f"--nodes ({args.nodes}) and --tasks_per_node ({tasks_per_node}) must be >= 1")
+    num_tasks = args.nodes * tasks_per_node
     values = _trainer_flags([*trainer_args, f"--model_dir={model_dir}"])
-    gpus = 0 if values.device == "cpu" else values.num_gpus
-    if args.gpus_per_node is not None and values.device != "cpu":
-        if values["num_gpus"].present and args.gpus_per_node != values.num_gpus:
+    if args.gpus_per_node is not None and values.device != "cpu" and not values["num_gpus"].present:
+        if args.gpus_per_node % tasks_per_node:
             raise sbatch.SpecError(
-                f"--gpus_per_node ({args.gpus_per_node}) differs from the trainer's --num_gpus ({values.num_gpus})"
+                f"--gpus_per_node ({args.gpus_per_node}) must be a multiple of --tasks_per_node ({tasks_per_node})"
             )
-        gpus = args.gpus_per_node
-        if not values["num_gpus"].present:
-            trainer_args = [*trainer_args, f"--num_gpus={gpus}"]
+        trainer_args = [*trainer_args, f"--num_gpus={args.gpus_per_node // tasks_per_node}"]
+    values = _trainer_flags([*trainer_args, f"--model_dir={model_dir}"], num_tasks)
+    gpus = 0 if values.device == "cpu" else values.num_gpus * tasks_per_node
+    if args.gpus_per_node is not None and values.device != "cpu" and args.gpus_per_node != gpus:
+        per_task = f" x --tasks_per_node ({tasks_per_node})" if tasks_per_node > 1 else ""
+        raise sbatch.SpecError(
+            f"--gpus_per_node ({args.gpus_per_node}) differs from the trainer's --num_gpus ({values.num_gpus})"
+            f"{per_task}"
+        )
+    if tasks_per_node > cluster.PORTS_PER_NODE and not values.cluster_port:
+        raise sbatch.SpecError(
+            f"--tasks_per_node ({tasks_per_node}): the ports derived from the job id leave room for "
+            f"{cluster.PORTS_PER_NODE} tasks per node; pass the trainer --cluster_port (a free range of ports)"
+        )
     spec = sbatch.JobSpec(
         model_dir=model_dir,
         trainer_args=tuple(trainer_args),
@@ -96,6 +129,7 @@ def spec_from_args(args: argparse.Namespace, trainer_args: list[str]) -> sbatch.
         workdir=os.getcwd(),
         job_name=args.job_name or f"towerflow-{os.path.basename(model_dir.rstrip('/'))}",
         nodes=args.nodes,
+        tasks_per_node=tasks_per_node,
         gpus_per_node=gpus,
         cpus_per_task=args.cpus_per_task,
         time=args.time,

@@ -55,7 +55,61 @@ def test_cpu_job_asks_for_no_gpu_and_execs_the_trainer(capsys, tmp_path):
         f"exec {sys.executable} -u -m trainer --model_dir={tmp_path}/run --max_requeues=3 --device=cpu"
     )
     assert f"cd {os.getcwd()}" in out.splitlines()
+    assert "srun" not in out  # one task: the trainer itself is the batch task, exactly as before multi-task jobs
     assert not os.path.exists(tmp_path / "run")  # a dry run writes nothing
+
+
+SRUN_COMMENT = "# 2 tasks run `python -m trainer` with the same flags; task 0 is the chief, the others serve it."
+
+
+def test_two_nodes_srun_one_trainer_per_node_and_warn_every_task(capsys, tmp_path):
+    code, out, _ = _render(
+        capsys, f"--model_dir={tmp_path}/mn", "--nodes=2", "--cpus_per_task=8", "--time=04:00:00", "--", "--num_gpus=4"
+    )
+    assert code == 0
+    assert _sbatch_lines(out) == [
+        "--job-name=towerflow-mn",
+        f"--output={tmp_path}/mn/slurm/%x-%j.log",
+        "--open-mode=append",
+        "--requeue",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--signal=USR1@300",  # no B:: every step task (the chief) gets it, not only the batch shell (srun)
+        "--gres=gpu:4",
+        "--cpus-per-task=8",
+        "--time=04:00:00",
+    ]
+    assert out.strip().splitlines()[-1] == (
+        f"exec srun --kill-on-bad-exit=1 --cpus-per-task=8 {sys.executable} -u -m trainer --model_dir={tmp_path}/mn "
+        f"--max_requeues=3 --num_gpus=4"
+    )
+    assert SRUN_COMMENT in out
+
+
+def test_two_tasks_on_one_node_share_its_gres_and_bind_their_own_gpus(capsys, tmp_path):
+    code, out, _ = _render(capsys, f"--model_dir={tmp_path}/t2", "--tasks_per_node=2", "--", "--num_gpus=2")
+    assert code == 0
+    lines = _sbatch_lines(out)
+    assert lines[4:] == ["--nodes=1", "--ntasks-per-node=2", "--signal=USR1@300", "--gres=gpu:4"]
+    assert out.strip().splitlines()[-1] == (
+        f"exec srun --kill-on-bad-exit=1 --gpu-bind=per_task:2 {sys.executable} -u -m trainer "
+        f"--model_dir={tmp_path}/t2 --max_requeues=3 --num_gpus=2"
+    )
+    assert SRUN_COMMENT in out
+    code, out, _ = _render(capsys, f"--model_dir={tmp_path}/t2", "--tasks_per_node=2", "--gpus_per_node=4", "--")
+    assert code == 0 and "--gres=gpu:4" in _sbatch_lines(out) and out.rstrip().endswith("--num_gpus=2")
+
+
+def test_two_cpu_tasks_on_one_node(capsys, tmp_path):
+    code, out, _ = _render(
+        capsys, f"--model_dir={tmp_path}/c2", "--tasks_per_node=2", "--", "--device=cpu", "--micro_batches=2"
+    )
+    assert code == 0
+    assert _sbatch_lines(out)[4:] == ["--nodes=1", "--ntasks-per-node=2", "--signal=USR1@300"]
+    assert out.strip().splitlines()[-1] == (
+        f"exec srun --kill-on-bad-exit=1 {sys.executable} -u -m trainer --model_dir={tmp_path}/c2 --max_requeues=3 "
+        f"--device=cpu --micro_batches=2"
+    )
 
 
 def test_gpu_job_takes_gres_from_num_gpus_and_passes_extra_options(capsys, tmp_path):
@@ -97,7 +151,17 @@ def test_gpus_per_node_fills_in_num_gpus_and_a_conflict_is_refused(capsys, tmp_p
         ),
         (["--time=1:xx", "--"], "--time ('1:xx') must be a Slurm time"),
         (["--time=2", "--warning_sec=120", "--"], "--warning_sec (120) must be shorter than --time (2)"),
-        (["--nodes=2", "--"], "multi-node training is not implemented"),
+        (["--nodes=0", "--"], "--nodes (0) and --tasks_per_node (1) must be >= 1"),
+        (
+            ["--tasks_per_node=2", "--", "--device=cpu", "--num_gpus=2", "--micro_batches=2"],
+            "--micro_batches (2) must be a multiple of the towers (--num_gpus=2 x 2 tasks)",
+        ),
+        (["--tasks_per_node=2", "--gpus_per_node=3", "--"], "--gpus_per_node (3) must be a multiple of --tasks_per"),
+        (
+            ["--tasks_per_node=2", "--gpus_per_node=8", "--", "--num_gpus=8"],
+            "--gpus_per_node (8) differs from the trainer's --num_gpus (8) x --tasks_per_node (2)",
+        ),
+        (["--tasks_per_node=9", "--", "--device=cpu", "--global_batch_size=144"], "pass the trainer --cluster_port"),
         (["--", "--model_dir=/elsewhere"], "give --model_dir to launch.slurm"),
     ],
 )
