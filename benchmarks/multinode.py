@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-
-from tests._cluster_helpers import free_ports
 
 COMMON = (
     "--device=cpu",
@@ -32,6 +31,16 @@ COMMON = (
     "--histogram_every_steps=0",
     "--export=false",
 )
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def loopback_bytes() -> int:
