@@ -12,6 +12,8 @@ from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
 
 # Parallel interleave reads at most this many files at once; more only costs memory for read buffers.
 _MAX_CYCLE_LENGTH = 8
+# Distinct stateless seeds per epoch: its file order, and one per chunk of records (2^40 chunks).
+_PARTS_PER_EPOCH = 1 << 40
 
 
 def list_files(pattern: str, *, what: str = "data") -> tuple[str, ...]:
@@ -169,6 +171,7 @@ def make_dataset(
     drop_remainder: bool | None = None,
     num_classes: int | None = None,
     bad_records: BadRecords | None = None,
+    resume_from: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline: (features float32 [B, *example_shape], labels int32 [B]) batches.
 
@@ -178,7 +181,8 @@ def make_dataset(
     Eval: this worker's files in order, each record once, no shuffle, last batch may be short. With fewer
     files than workers, every eval worker reads all files and keeps every num_workers-th record.
     The shuffle buffer holds serialized records, so its memory and checkpoint size are those of the files.
-    The pipeline is deterministic and checkpointable with `tf.train.Checkpoint(iterator=iter(ds))`.
+    The pipeline is deterministic. A training pipeline resumes exactly from the position its batches carry
+    (`resume_from`); `tf.train.Checkpoint(iterator=iter(ds))` also works, shuffle buffer included.
 
     Bad records fail the pipeline with a TensorFlow error that names no file: a corrupt record (bad CRC,
     truncated file) beyond `bad_records.max_bad_records` in training (they are skipped up to it) or any in
@@ -192,11 +196,15 @@ def make_dataset(
         seed: Seed of the file-order and record shuffles.
         worker_index: This worker's index in [0, num_workers).
         num_workers: Number of workers the files are split between.
-        shuffle_buffer: Records in the shuffle buffer (training only). The buffer is saved in checkpoints.
+        shuffle_buffer: Records in the shuffle buffer (training only), reshuffled every epoch.
         drop_remainder: Whether to drop a short last batch; None means True for training, False for eval.
         num_classes: Labels (after the schema's label_offset) must lie in [0, num_classes); None: unchecked.
         bad_records: The run's budget and count of corrupt records, shared by its pipelines; None: a budget
             of 0, and no way to explain a failure.
+        resume_from: Training only: an (epoch, record) position, as the third element of a batch of this
+            pipeline gave it. The dataset then starts there and yields (features, labels, position), the
+            position after the batch's last record: all a checkpoint needs to resume exactly (see
+            `_training_records`), a few bytes instead of the shuffle buffer.
 
     Returns:
         The tf.data.Dataset.
@@ -207,17 +215,26 @@ def make_dataset(
     _check_dataset_args(batch_size, worker_index, num_workers, shuffle_buffer)
     bad_records = bad_records or BadRecords()
     bad_records.register(info, num_classes, training)
+    parse = batch_parser(info, num_classes)
+    drop = training if drop_remainder is None else drop_remainder
     if training:
         read = bad_records.chunk_reader(info)
-        records = _training_records(info.files, seed, worker_index, num_workers, shuffle_buffer, read)
+        share = _training_share(info.files, worker_index, num_workers)
+        records = _training_records(share, seed, shuffle_buffer, read, resume_from or (0, 0))
+        keep = resume_from is not None
+
+        def parse_with_position(positions, serialized):
+            features, labels = parse(serialized)
+            return (features, labels, positions[-1]) if keep else (features, labels)
+
+        batch_parse = parse_with_position
     else:
         records = _eval_records(info.files, worker_index, num_workers)
-    drop = training if drop_remainder is None else drop_remainder
-    parse = batch_parser(info, num_classes)
+        batch_parse = parse
     # Parse whole batches: one vectorized parse op per batch instead of one per example. Per-element
     # tf.data overhead dominates small images: this reads the 8x8 digits ~1.5x faster on 2 cores.
     dataset = records.batch(batch_size, drop_remainder=drop)
-    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.map(batch_parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
     # Reading training files writes bad_records' table, which the run checkpoints itself; without IGNORE,
@@ -237,27 +254,46 @@ def _check_dataset_args(batch_size: int, worker_index: int, num_workers: int, sh
         raise DataError(f"shuffle_buffer ({shuffle_buffer}) must be >= 1")
 
 
-def _training_records(
-    files: tuple[str, ...], seed: int, worker_index: int, num_workers: int, shuffle_buffer: int, read_chunks
-) -> tf.data.Dataset:
-    own_files, share, shares = _training_share(files, worker_index, num_workers)
-    filenames = tf.data.Dataset.from_tensor_slices(own_files)
-    filenames = filenames.shuffle(len(own_files), seed=seed, reshuffle_each_iteration=True)
-    # Each file yields chunks of its records (data.integrity counts their bytes to find corrupt ones), and
-    # whole chunks cross the interleave: its per-element cost is then paid per chunk, not per record.
-    chunks = filenames.interleave(
-        read_chunks,
-        cycle_length=min(len(own_files), _MAX_CYCLE_LENGTH),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
-    records = chunks.unbatch()
-    if shares > 1:
-        records = records.shard(shares, share)
-    # Shuffle the serialized records, not the decoded float tensors: the buffer (kept in memory and in
-    # every checkpoint) is then as small as the files, e.g. ~100 KB per ImageNet JPEG instead of 600 KB.
-    records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    return records.repeat()
+def _training_records(share, seed: int, shuffle_buffer: int, read_chunks, start: tuple[int, int]) -> tf.data.Dataset:
+    """(position, record) pairs forever, epoch after epoch, from `start` = (epoch, record index) on.
+
+    Epoch e is a pipeline of its own, seeded by (seed, e): its files in a random order, read in parallel but
+    deterministically, its records shuffled. So record i of epoch e is a function of (seed, e, i) alone, and
+    a position is resumed by rebuilding epoch e and skipping i records (read, not decoded: at most one
+    epoch's bytes of this worker's share). `position` is (e, i + 1): where the next record is.
+    """
+    own_files, share_index, shares = share
+    first_epoch, first_record = start
+
+    def epoch_records(epoch):
+        # Stateless ops keyed on (seed, epoch): tf.data's own seeded shuffle cannot take a per-epoch seed
+        # tensor (with a global seed of 0 it tests the tensor as a Python bool). So the file order and the
+        # order inside each chunk of records change with the epoch; the buffer shuffle's seed is fixed.
+        epoch = tf.cast(epoch, tf.int64)
+
+        def key(part):  # stateless seed of one part (0: the file order, c + 1: chunk c) of this epoch
+            return tf.stack([tf.constant(seed, tf.int64), epoch * _PARTS_PER_EPOCH + part])
+
+        files = tf.random.experimental.stateless_shuffle(tf.constant(own_files), seed=key(0))
+        # Each file yields chunks of its records (data.integrity counts their bytes to find corrupt ones), and
+        # whole chunks cross the interleave: its per-element cost is then paid per chunk, not per record.
+        chunks = tf.data.Dataset.from_tensor_slices(files).interleave(
+            read_chunks,
+            cycle_length=min(len(own_files), _MAX_CYCLE_LENGTH),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        chunks = chunks.enumerate().map(lambda c, chunk: tf.random.experimental.stateless_shuffle(chunk, key(c + 1)))
+        records = chunks.unbatch()
+        if shares > 1:
+            records = records.shard(shares, share_index)
+        # Shuffle the serialized records, not the decoded float tensors: the buffer (in memory) is then as
+        # small as the files, e.g. ~100 KB per ImageNet JPEG instead of 600 KB.
+        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+        return records.enumerate().map(lambda i, record: (tf.stack([epoch, i + 1]), record))
+
+    resumed = epoch_records(tf.constant(first_epoch, tf.int64)).skip(first_record)
+    return resumed.concatenate(tf.data.Dataset.counter(first_epoch + 1).flat_map(epoch_records))
 
 
 def _training_share(files: tuple[str, ...], worker_index: int, num_workers: int) -> tuple[list[str], int, int]:

@@ -315,3 +315,22 @@ def test_writer_validates_its_input(tmp_path):
     with pytest.raises(data.DataError, match="labels have dtype float64"):
         data.write_dense_records(prefix, np.zeros((2, 3)), np.zeros(2))
     assert not list(tmp_path.iterdir())
+
+
+def test_training_pipeline_resumes_exactly_from_the_position_its_batches_carry(tmp_path):
+    _write_ids(tmp_path, num_examples=40, num_shards=3)
+    info = data.inspect_records(str(tmp_path / "ids-*"))
+
+    def batches(start, count):
+        dataset = data.make_dataset(info, batch_size=3, training=True, seed=5, shuffle_buffer=8, resume_from=start)
+        return [(x[:, 0].numpy().tolist(), position.numpy().tolist()) for x, _, position in dataset.take(count)]
+
+    full = batches((0, 0), 40)  # 120 records: three epochs of 40
+    assert [p for _, p in full[:3]] == [[0, 3], [0, 6], [0, 9]]
+    assert full[13][1] == [1, 2]  # records 39..41: the last of epoch 0, then two of epoch 1
+    records = sum((ids for ids, _ in full), [])
+    epoch0, epoch1 = records[:40], records[40:80]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(40))  # every record once per epoch
+    assert epoch0 != epoch1  # in a new order
+    for cut in (1, 13, 14, 20, 27):
+        assert batches(tuple(full[cut - 1][1]), 10) == full[cut : cut + 10], cut

@@ -73,3 +73,35 @@ def test_parameter_device_does_not_change_the_result(make_config, tmp_path, monk
         model_dir=tmp_path / "ref", towers={"num_towers": 1, "micro_batches": 4}, loop={"train_steps": 4}
     )
     assert placed_result["weights_sha256"] == train(reference)["weights_sha256"]
+
+
+def test_checkpoints_hold_input_positions_not_shuffle_buffers(make_config, tmp_path):
+    """K=2 streams of 32-example micro-batches: after 5 steps each stream is at record 160 of epoch 0 (its
+    share of the 1437 digits is 718 or 719 records), and that, not the 10,000-record shuffle buffer, is saved."""
+    config = make_config(
+        towers={"micro_batches": 2},
+        data={"shuffle_buffer": 10_000},
+        loop={"train_steps": 5, "checkpoint_every_steps": 5},
+    )
+    train(config)
+    saved = dict(tf.train.list_variables(str(tmp_path / "run" / "ckpt-5")))
+    assert not [name for name in saved if "ITERATOR_STATE" in name]
+    for j in range(2):
+        key = f"input_position_{j}/.ATTRIBUTES/VARIABLE_VALUE"
+        assert saved[key] == [2]
+        assert tf.train.load_variable(str(tmp_path / "run" / "ckpt-5"), key).tolist() == [0, 160]
+
+
+def test_resume_across_an_epoch_boundary_is_exact(make_config, tmp_path):
+    """Each stream's epoch is ~719 records = ~22 steps of 32: the checkpoint at step 30 sits in epoch 1."""
+    config = make_config(towers={"micro_batches": 2}, loop={"train_steps": 36, "checkpoint_every_steps": 30})
+    reference = train(dataclasses.replace(config, loop=dataclasses.replace(config.loop, model_dir=str(tmp_path / "a"))))
+    position = tf.train.load_variable(str(tmp_path / "a" / "ckpt-30"), "input_position_0/.ATTRIBUTES/VARIABLE_VALUE")
+    assert position[0] == 1  # the second epoch
+    os.makedirs(tmp_path / "b")  # a run killed after its step-30 checkpoint
+    for name in os.listdir(tmp_path / "a"):
+        if name.startswith("ckpt-30."):
+            shutil.copy(tmp_path / "a" / name, tmp_path / "b" / name)
+    tf.compat.v1.train.update_checkpoint_state(str(tmp_path / "b"), str(tmp_path / "b" / "ckpt-30"))
+    resumed = train(dataclasses.replace(config, loop=dataclasses.replace(config.loop, model_dir=str(tmp_path / "b"))))
+    assert resumed["weights_sha256"] == reference["weights_sha256"]

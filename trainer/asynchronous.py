@@ -146,7 +146,7 @@ class AsyncUpdate:
         @tf.function
         def compute():
             with tf.device(iterator.device):  # the CPU of the tower's own task
-                features, labels = next(iterator.iterator)
+                features, labels = iterator.take(iterator.iterator)
             with tf.device(self.placement.parameter_device):
                 step = self.global_step.read_value()
                 loss_scale = tw.loss_scale(self.optimizer)

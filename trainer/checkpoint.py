@@ -1,7 +1,7 @@
-"""Checkpoints: model, optimizer, global step and the input iterator, through `tf.train.CheckpointManager`.
+"""Checkpoints: model, optimizer, global step and the input positions, through `tf.train.CheckpointManager`.
 
-Saving the tf.data iterator (shuffle buffer included) means a resumed run reads exactly the batches the
-uninterrupted run would have read, which the determinism contract needs.
+Saving each input stream's position (`trainer.inputs.PlacedIterator`) means a resumed run reads exactly the
+batches the uninterrupted run would have read, which the determinism contract needs.
 
 A week-long run meets nodes killed mid-save and files that rot, so a resume takes the newest checkpoint that
 reads back whole and says which newer ones it skipped and why; a missing or garbled `checkpoint` state file is

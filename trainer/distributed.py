@@ -33,6 +33,7 @@ from trainer.config import RunConfig
 PROBE_EVERY_SEC = 2.0
 LOST_AFTER_SEC = 20.0  # a worker unreachable this long ends the run
 PROBE_TIMEOUT_SEC = 2.0
+CONNECTED = "connected"  # a worker's status once the chief has joined it; then the chief's exit code
 
 
 class WorkerLost(RuntimeError):
@@ -67,9 +68,6 @@ def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) 
     tf.config.experimental_connect_to_cluster(spec, job_name="worker", task_index=0, protocol="grpc")
     tell_workers(cluster, CONNECTED)
     log(f"chief of {cluster.describe()}")
-
-
-CONNECTED = "connected"
 
 
 def status_path(address: str) -> str:

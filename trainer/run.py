@@ -90,6 +90,9 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     state = build(config)
     _raise_if_stopped(stop, "before training started")
     restored = state.checkpointer.restore_latest()
+    if restored:
+        for stream in state.iterators:
+            stream.restart()  # at the restored position
     attempt = attempts.begin(int(state.global_step.numpy()), job)
     _log_line(_start_line(attempt, job, restored))
     dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step)
@@ -199,7 +202,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     iterators = train_iterators(config, placement, inputs, train_dataset, bad_records)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records)
     mode = _make_mode(config, model, optimizer, placement, global_step, iterators)
-    named_iterators = {f"iterator_{i}": it for i, it in enumerate(iterators)}
+    positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,
         config.loop.keep_checkpoints,
@@ -208,7 +211,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         model=model,
         optimizer=optimizer,
         bad_records=bad_records.table,  # so the count, and the records already skipped, survive a resume
-        **named_iterators,
+        **positions,
     )
     return Trainer(
         config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer, bad_records

@@ -117,7 +117,7 @@ class SyncUpdate:
         feature_parts, label_parts = [], []
         for placed, iterator in zip(self.iterators, iterators, strict=True):
             with tf.device(placed.device):  # the CPU of the task whose tower runs this micro-batch
-                features, labels = next(iterator)
+                features, labels = placed.take(iterator)
             feature_parts.append(features)
             label_parts.append(labels)
         with tf.device(placement.parameter_device):
