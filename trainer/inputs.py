@@ -63,7 +63,8 @@ class PlacedIterator:
     """An input stream made on `device` (possibly another machine's CPU), resumable from a tiny position.
 
     `make_dataset(position)` builds the stream from an (epoch, record) position, yielding (features, labels,
-    position after the batch) (`data.make_dataset(resume_from=...)`). The step that consumes a batch stores
+    position after the batch) (`data.make_dataset(resume_from=...)`); a plain `tf.data.Dataset` may stand
+    in for it. The step that consumes a batch stores
     its position in `position`, a variable on the stream's device that the checkpoint saves (only it, not
     the iterator): 16 bytes per stream instead of the tf.data iterator's state, whose shuffle buffer is
     ~1 GB for ImageNet records.
@@ -75,6 +76,9 @@ class PlacedIterator:
 
     def __init__(self, make_dataset, device: str):
         self.device = device
+        if isinstance(make_dataset, tf.data.Dataset):  # a fixed dataset: restarts from its beginning
+            dataset = make_dataset
+            make_dataset = lambda position: dataset  # noqa: E731
         self._make_dataset = make_dataset
         with tf.device(device):
             self.position = tf.Variable([0, 0], dtype=tf.int64, trainable=False, name="position")
@@ -121,7 +125,7 @@ def train_iterators(
     iterators = []
     for j, host in enumerate(hosts):
         if train_dataset is not None:
-            make = lambda position: train_dataset  # noqa: E731 (no positions: restarts from its beginning)
+            make = train_dataset  # no positions: restarts from its beginning
         else:
             make = functools.partial(
                 data.make_dataset,
