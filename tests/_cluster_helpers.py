@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks.multinode import free_ports
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_FLAGS = (
     "--device=cpu",
@@ -22,16 +24,6 @@ BASE_FLAGS = (
     "--export=false",
     "--cluster_timeout_sec=60",
 )
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def tf_config_envs(num_tasks: int) -> list[dict]:

@@ -75,9 +75,14 @@ def _metrics(model_dir) -> dict:
 def reference_sha256(tmp_path_factory):
     """The weights of the same flags trained uninterrupted, outside Slurm."""
     model_dir = tmp_path_factory.mktemp("reference") / "run"
+    return _train_locally(model_dir, TRAINER_FLAGS)["weights_sha256"]
+
+
+def _train_locally(model_dir, flags) -> dict:
+    """Trains `flags` in one local process outside Slurm; returns its metrics.json."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [sys.executable, "-m", "trainer", *TRAINER_FLAGS, f"--model_dir={model_dir}"],
+        [sys.executable, "-m", "trainer", *flags, f"--model_dir={model_dir}"],
         cwd=ROOT,
         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
         capture_output=True,
@@ -85,7 +90,7 @@ def reference_sha256(tmp_path_factory):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    return _metrics(model_dir)["weights_sha256"]
+    return _metrics(model_dir)
 
 
 def _assert_resumed_exactly(slurm, job_id, model_dir, reference_sha256) -> dict:
@@ -178,17 +183,7 @@ def _task_flags(steps: int, *extra: str) -> list[str]:
 def _one_process_sha256(model_dir, flags: list[str]) -> str:
     """The weights of `flags` trained by one local process with --num_gpus=2 (outside Slurm)."""
     flags = [f if not f.startswith("--num_gpus") else "--num_gpus=2" for f in flags]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", *flags, f"--model_dir={model_dir}"],
-        cwd=ROOT,
-        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    metrics = _metrics(model_dir)
+    metrics = _train_locally(model_dir, flags)
     assert (metrics["num_tasks"], metrics["num_towers"]) == (1, 2)
     return metrics["weights_sha256"]
 
