@@ -79,7 +79,7 @@ def test_event_files_hold_scalars_histograms_and_hparams(make_config, tmp_path):
         "tower_step_sec/tower_1",
     ):
         assert scalar in tags
-    assert [e.step for e in train_events.Tensors("loss")] == [5, 10]
+    assert [e.step for e in train_events.Tensors("loss")] == [1, 5, 10]  # the first step of a start, then every 5
     # Stable tags: index + path without Keras's counters; one gradient and one weight histogram per variable.
     assert "gradients/000_conv1/kernel" in tags and "weights/000_conv1/kernel" in tags
     assert (

@@ -59,10 +59,11 @@ class AsyncUpdate:
         self._compute_fns = [self._make_compute(i) for i in range(len(placement.towers))]
         self._apply_fn = tf.function(self._apply)
         self._apply_lock = threading.Lock()
-        self._records: list[tuple] = []  # (step after apply, loss, correct, staleness) of this window
+        self._records: list[tuple] = []  # (step after apply, loss, correct, staleness, grad norm) of the window
         self._tower_sec = [[] for _ in placement.towers]
         self._last_apply: dict = {}
         self.staleness_all: list[int] = []
+        self.latest_loss: float | None = None  # of the last update, for the live progress line
         self._threads: list[threading.Thread] = []
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
@@ -93,7 +94,7 @@ class AsyncUpdate:
             "loss": float(np.mean([r[1] for r in records])),
             "accuracy": float(np.sum([r[2] for r in records])) / (num_steps * self.examples_per_step),
             "learning_rate": float(self._last_apply["learning_rate"]),
-            "grad_norm": float(self._last_apply["grad_norm"]),
+            "grad_norm": float(np.mean([r[4] for r in records])),
             "tower_step_sec": [float(np.mean(s)) if s else 0.0 for s in self._tower_sec],
             "staleness": staleness,
         }
@@ -131,7 +132,9 @@ class AsyncUpdate:
                         )
                     self._last_apply = applied
                     staleness = int(applied["step"]) - int(read_step) - 1
-                    self._records.append((int(applied["step"]), float(result.loss), int(result.correct), staleness))
+                    record = (int(applied["step"]), float(result.loss), int(result.correct), staleness)
+                    self._records.append((*record, float(applied["grad_norm"])))
+                    self.latest_loss = record[1]
                 self.gate.finish(ticket)
         except Stopped:
             return

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from trainer import progress as progress_lib
 from trainer import stop as stop_lib
 from trainer.config import LoopConfig
 
@@ -33,7 +34,8 @@ def steps_to_next_event(step: int, train_steps: int, cadences: list[int], marks=
 
 @dataclasses.dataclass
 class Throughput:
-    """Examples/sec over the run, the first window (graph tracing, warm-up) left out when there are others."""
+    """Examples/sec over the run, from steps that traced no graph; the first window of a start (warm-up) is
+    left out when there are others."""
 
     examples: int = 0
     seconds: float = 0.0
@@ -72,6 +74,10 @@ class Loop:
       on_checkpoint: called with the step after every checkpoint save (e.g. to record the attempt).
       before_save: called with the step before every save; raises (e.g. `trainer.stop.Diverged`) to prevent it.
       extra_scalars: returns more train scalars to log at every log step (e.g. the bad-record count).
+      live_progress: draw a live progress line on stdout (`trainer.progress`); None: when it is a terminal.
+
+    The first window of every start is one step long and logged, so the console shows the first step (and
+    how long its graph tracing took) at once; train scalars are defined in `trainer.progress`.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class Loop:
         on_checkpoint=None,
         before_save=None,
         extra_scalars=None,
+        live_progress: bool | None = None,
     ):
         self.mode = mode
         self.config = config
@@ -107,7 +114,14 @@ class Loop:
         self.extra_scalars = extra_scalars or dict
         self.start_step: int | None = None
         self.training_since: float | None = None  # time.monotonic() when run() began
-        self._progress = sys.stdout.isatty()
+        self.interval = progress_lib.LogInterval()  # the steps since the previous log line
+        self._windows = 0  # windows run since this start
+        self.progress = None
+        if progress_lib.live_progress() if live_progress is None else live_progress:
+            latest = lambda: getattr(mode, "latest_loss", None)  # noqa: E731
+            self.progress = progress_lib.ProgressLine(
+                sys.stdout, config.train_steps, self.examples_per_step, mode.global_step, latest
+            )
 
     def run(self) -> dict:
         """Trains to the step budget; returns the last train and eval metrics (Python numbers).
@@ -122,9 +136,10 @@ class Loop:
         cadences = [c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps, c.histogram_every_steps]
         step = self.start_step = self._step()
         self.training_since = time.monotonic()
+        marks = (*(c.profile_steps or ()), step + 1)  # the first step of a start is a window of its own
         while step < c.train_steps:
             self._stop_if_requested(step)
-            n = steps_to_next_event(step, c.train_steps, cadences, c.profile_steps or ())
+            n = steps_to_next_event(step, c.train_steps, cadences, marks)
             ran = self._train_window(step, n)
             step = self._step()
             self._stop_if_requested(step)  # before any event due at this step
@@ -173,35 +188,43 @@ class Loop:
         """Runs up to `n` steps (fewer when a stop is requested); returns how many ran. A cut window's
         metrics are not written: the run checkpoints and stops next."""
         want_histograms = is_time(step + n, self.config.histogram_every_steps)
+        if self.progress is not None:
+            self.progress.window_started(step)
         start = time.perf_counter()
-        metrics = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=lambda: self.stop.requested)
+        metrics = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
         ran = metrics.pop("steps")
         gradients = metrics.pop("gradients", None)
         staleness = metrics.pop("staleness", None)
+        traced_steps, traced_sec = metrics.pop("traced_steps", 0), metrics.pop("traced_sec", 0.0)
         values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the device
         seconds = time.perf_counter() - start
+        self._windows += 1
         if ran == 0:
             return 0
-        self.throughput.add(ran * self.examples_per_step, seconds)
+        rate = ((ran - traced_steps) * self.examples_per_step, seconds - traced_sec)
+        self.throughput.add(*rate)  # leaves the first window of a start out
         if ran < n:
             return ran
-        values["examples_per_sec"] = n * self.examples_per_step / seconds
-        self.last_train = {"train_" + k if k in ("loss", "accuracy") else k: v for k, v in values.items()}
-        self.last_train["step_sec"] = seconds / n
+        # The first window of a start holds warm-up the mode cannot time: no rate from it.
+        self.interval.add(n, values, seconds, *(rate if self._windows > 1 else (0, 0.0)))
         if staleness is not None:
-            self.last_train["staleness_mean"] = float(np.mean(staleness))
-            self.last_train["staleness_max"] = int(np.max(staleness))
+            self.interval.staleness.extend(np.asarray(staleness).tolist())
             self.summaries.staleness(step + n, staleness)
         if gradients is not None:
             self.summaries.histograms(step + n, self.histogram_tags, gradients, self.histogram_variables)
         return n
 
+    def _after_step(self) -> bool:
+        """Called by the mode after every step: redraws the live line (at most once a second), and says
+        whether to stop."""
+        if self.progress is not None:
+            self.progress.tick()
+        return self.stop.requested
+
     def _events(self, step: int) -> None:
         c = self.config
-        if is_time(step, c.log_every_steps) or step == c.train_steps:
+        if is_time(step, c.log_every_steps) or step in (c.train_steps, self.start_step + 1):
             self._log_train(step)
-        elif self._progress:
-            self._progress_bar(step)
         if is_time(step, c.checkpoint_every_steps):
             self._save(step)  # before the eval: a save never waits behind one
         if is_time(step, c.eval_every_steps):
@@ -221,24 +244,21 @@ class Loop:
             self.log(f"profiler trace of steps {first + 1}..{last} written to {self.config.model_dir}/train")
 
     def _log_train(self, step: int) -> None:
-        t = self.last_train
-        scalars = {
-            "loss": t["train_loss"],
-            "accuracy": t["train_accuracy"],
-            "learning_rate": t["learning_rate"],
-            "grad_global_norm": t["grad_norm"],
-            "examples_per_sec": t["examples_per_sec"],
-            "tower_step_sec": t.get("tower_step_sec", []),
-        }
-        if "staleness_mean" in t:
-            scalars.update(staleness_mean=t["staleness_mean"], staleness_max=t["staleness_max"])
-        scalars.update(self.extra_scalars())
+        """Writes the train scalars of the steps since the previous log line, and one console line."""
+        scalars = {**self.interval.scalars(), **self.extra_scalars()}
         self.summaries.scalars("train", step, scalars)
-        eta = (self.config.train_steps - step) * t["step_sec"]
+        self.last_train = {("train_" + k if k in ("loss", "accuracy") else k): v for k, v in scalars.items()}
+        rate = scalars.get("examples_per_sec")
+        if rate is None:  # the first step of a start: its time is mostly graph tracing
+            speed = f"first step {self.interval.seconds:.1f} s (includes graph tracing)"
+        else:
+            eta = (self.config.train_steps - step) * self.examples_per_step / rate
+            speed = f"{rate:,.0f} ex/s  eta {progress_lib.format_duration(eta)}"
+        self.interval.reset()
         self._clear_progress()
         self.log(
-            f"step {step:>7d}/{self.config.train_steps}  loss {t['train_loss']:.4f}  "
-            f"lr {t['learning_rate']:.3g}  {t['examples_per_sec']:,.0f} ex/s  eta {_duration(eta)}"
+            f"step {step:>7d}/{self.config.train_steps}  loss {scalars['loss']:.4f}  "
+            f"lr {scalars['learning_rate']:.3g}  {speed}"
         )
 
     def _evaluate(self, step: int, final: bool = False) -> None:
@@ -258,16 +278,5 @@ class Loop:
         )
 
     def _clear_progress(self) -> None:
-        if self._progress:
-            sys.stdout.write("\r\033[K")  # the log line replaces the bar
-
-    def _progress_bar(self, step: int) -> None:
-        done = step / self.config.train_steps
-        bar = "#" * int(30 * done)
-        sys.stdout.write(f"\r[{bar:<30s}] {step}/{self.config.train_steps}")
-        sys.stdout.flush()
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if self.progress is not None:
+            self.progress.clear()

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
+import time
 
 import keras
 import numpy as np
@@ -18,7 +20,7 @@ import data
 import models
 from launch import cluster as cluster_lib
 from trainer import attempts as attempts_lib
-from trainer import determinism, devices, distributed, optim, report, rundir, spread, towers
+from trainer import banner, determinism, devices, distributed, optim, report, rundir, spread, towers
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
@@ -87,14 +89,23 @@ def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, j
 
 
 def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job) -> dict:
+    started = time.monotonic()
     state = build(config)
     _raise_if_stopped(stop, "before training started")
     restored = state.checkpointer.restore_latest()
     if restored:
         for stream in state.iterators:
             stream.restart()  # at the restored position
-    attempt = attempts.begin(int(state.global_step.numpy()), job)
-    _log_line(_start_line(attempt, job, restored))
+    step = int(state.global_step.numpy())
+    where = f"resumed from {restored} at step {step}" if restored else "fresh start at step 0"
+    for line in banner.start_lines(config, state):
+        _log_line(line)
+    finished = _finished_metrics(config, step)
+    if finished is not None:
+        _log_line(f"already complete: step {step} of --train_steps={config.loop.train_steps}; nothing to do")
+        return finished
+    attempt = attempts.begin(step, job)
+    _log_line(_start_line(attempt, job, where))
     dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step)
     if dropped:
         _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
@@ -105,7 +116,21 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     attempts.end("finished")
     metrics = _final_metrics(config, state, attempts, results)
     report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
+    export_dir = os.path.join(config.loop.model_dir, "export") if config.loop.export else None
+    for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
+        _log_line(line)
     return metrics
+
+
+def _finished_metrics(config: RunConfig, step: int) -> dict | None:
+    """The metrics of a run that a previous start finished (its checkpoint at --train_steps and its
+    metrics.json of that step), or None: a rerun then neither retrains, re-evaluates nor re-exports."""
+    path = os.path.join(config.loop.model_dir, "metrics.json")
+    if step < config.loop.train_steps or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        metrics = json.load(f)
+    return metrics if metrics.get("global_step") == step else None
 
 
 def _require_finite(model, step: int, doing: str) -> None:
@@ -155,10 +180,9 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         summaries.close()
 
 
-def _start_line(attempt: attempts_lib.Attempt, job, restored: str | None) -> str:
-    where = f"resumed from {restored} at step {attempt.resumed_from_step}" if restored else "fresh start at step 0"
+def _start_line(attempt: attempts_lib.Attempt, job, where: str) -> str:
     who = f"; {job.describe()}" if job is not None else ""
-    return f"attempt {attempt.attempt} (host {attempt.host}, pid {attempt.pid}{who}): {where}"
+    return f"attempt {attempt.attempt} (host {attempt.host}, pid {attempt.pid}{who}) {where}"
 
 
 @dataclasses.dataclass
@@ -174,6 +198,7 @@ class Trainer:
     mode: SyncUpdate | AsyncUpdate
     evaluator: Evaluator
     checkpointer: Checkpointer
+    inputs: Inputs | None = None
     bad_records: data.BadRecords | None = None  # `.count`: corrupt training records skipped so far
 
 
@@ -214,7 +239,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         **positions,
     )
     return Trainer(
-        config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer, bad_records
+        config, placement, model, optimizer, global_step, iterators, mode, evaluator, checkpointer, inputs, bad_records
     )
 
 

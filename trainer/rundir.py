@@ -139,7 +139,31 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
             )
         if changes:
             log(f"resuming with changed settings (--allow_flag_changes): {'; '.join(changes)}")
+        _warn_if_schedule_stretched(config, log)
     report.write_json(path, current)
+
+
+def _warn_if_schedule_stretched(config: RunConfig, log) -> None:
+    """A cosine schedule decays to 0 at --train_steps: resuming with another budget recomputes it, and the
+    learning rate jumps at the resumed step. Allowed (extending a run is common), but said."""
+    previous = _recorded_flag(config.loop.model_dir, "train_steps")
+    now = config.loop.train_steps
+    if config.optimizer.schedule == "cosine" and previous not in (None, str(now)):
+        log(
+            f"warning: --train_steps {previous} -> {now}: the cosine schedule now decays to 0 at step {now}, not "
+            f"{previous}, so the learning rate jumps at the resumed step (a V in TensorBoard's learning_rate)"
+        )
+
+
+def _recorded_flag(model_dir: str, name: str) -> str | None:
+    """The value of --name in the flags.txt of the previous start, or None."""
+    try:
+        with open(os.path.join(model_dir, "flags.txt")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    values = [line.split("=", 1)[1] for line in lines if line.startswith(f"--{name}=")]
+    return values[-1] if values else None
 
 
 def record_flags(model_dir: str, flags_text: str) -> None:

@@ -7,11 +7,13 @@ else the process built before.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
 import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.hparams import api as hp
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
@@ -52,12 +54,33 @@ def _purged(event, after_step: int) -> bool:
     return any(v.metadata.plugin_data.plugin_name == "hparams" for v in event.summary.value)
 
 
+def histogram_buckets(values, bucket_count: int = 30):
+    """TensorBoard's histogram tensor: [bucket_count, 3] rows of (left edge, right edge, count), all in the
+    last bucket when every value is the same; counted with `bincount` instead of a one-hot."""
+    values = tf.reshape(tf.cast(values, tf.float64), [-1])
+    low, high = tf.reduce_min(values), tf.reduce_max(values)
+    width = (high - low) / bucket_count
+    index = tf.where(width > 0, tf.floor((values - low) / tf.where(width > 0, width, 1.0)), bucket_count - 1)
+    index = tf.minimum(tf.cast(index, tf.int32), bucket_count - 1)
+    counts = tf.math.bincount(index, minlength=bucket_count, maxlength=bucket_count, dtype=tf.float64)
+    edges = tf.concat([tf.linspace(low, high, bucket_count + 1)[:-1], [high]], 0)
+    left = tf.where(width > 0, edges[:-1], tf.fill([bucket_count], high))
+    right = tf.where(width > 0, edges[1:], tf.fill([bucket_count], high))
+    return tf.transpose(tf.stack([left, right, counts]))
+
+
+def _histogram(tag: str, values) -> None:
+    metadata = histogram_metadata.create_summary_metadata(display_name=None, description="")
+    tf.summary.write(tag, histogram_buckets(values), metadata=metadata)
+
+
 class Summaries:
     """Event writers for `model_dir/train` and `model_dir/eval`."""
 
     def __init__(self, model_dir: str, tower_tags: list[str] | None = None):
         self.tower_tags = tower_tags  # names of the per-tower scalars; None: tower_<i>
         self.train = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
+        self._histogram_fns: dict = {}  # graph-built histogram writers, one per list of tags
         self.eval = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
 
     def scalars(self, split: str, step: int, values: dict) -> None:
@@ -74,12 +97,22 @@ class Summaries:
         writer.flush()
 
     def histograms(self, step: int, tags: list[str], gradients, variables) -> None:
-        """Writes `gradients/<tag>` (averaged over micro-batches) and `weights/<tag>` histograms."""
-        with self.train.as_default(step=step):
+        """Writes `gradients/<tag>` (averaged over micro-batches) and `weights/<tag>` histograms.
+
+        One graph call per histogram step, buckets counted with `bincount` on the host CPU (deterministic on
+        every device): TensorBoard's eager `tf.summary.histogram` costs hundreds of small eager ops and a
+        [size x 30] float64 one-hot per tensor (about 9 step times of the cnn per histogram step, against
+        about 1 for this)."""
+        key = tuple(tags)
+        if key not in self._histogram_fns:
+            self._histogram_fns[key] = tf.function(functools.partial(self._write_histograms, key))
+        self._histogram_fns[key](tf.constant(step, tf.int64), list(gradients), list(variables))
+
+    def _write_histograms(self, tags, step, gradients, variables) -> None:
+        with self.train.as_default(step=step), tf.device("/device:CPU:0"):
             for tag, grad, variable in zip(tags, gradients, variables, strict=True):
-                tf.summary.histogram(f"gradients/{tag}", grad)
-                tf.summary.histogram(f"weights/{tag}", variable.value)
-        self.train.flush()
+                _histogram(f"gradients/{tag}", grad)
+                _histogram(f"weights/{tag}", variable)
 
     def staleness(self, step: int, values) -> None:
         """Async: the histogram of the staleness of the updates of a window."""

@@ -70,34 +70,50 @@ class SyncUpdate:
         )
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
+        self.latest_loss = None  # the last step's loss (a tensor), for the live progress line
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true (checked after every step).
-        Returns `steps` (how many ran) and tensors: the mean loss and accuracy over them and, when all ran,
-        the last step's learning rate, gradient norm and per-tower times (and averaged gradients if asked).
+        Returns `steps` (how many ran), `traced_steps` and `traced_sec` (steps that traced a graph, and their
+        wall time), and tensors: the mean loss, accuracy and gradient norm over the steps and, when all ran,
+        the last step's learning rate and per-tower times (and averaged gradients if asked).
 
         Only the last step measures tower times (and returns gradients): the other steps run a leaner trace.
 
         Raises:
           Diverged: a step's loss or gradient was not finite (that update was not applied).
         """
-        losses, correct, metrics, previous = [], [], {}, None
+        losses, correct, norms, metrics, previous = [], [], [], {}, None
+        traced = {"traced_steps": 0, "traced_sec": 0.0}
         for i in range(num_steps):
             report = i == num_steps - 1
-            metrics = self._step_fn([it.iterator for it in self.iterators], report, report and want_gradients)
+            metrics = self._timed_step(report, report and want_gradients, traced)
             # Reading the previous step's flag, not this one's, keeps the host one step ahead of the device.
             self._raise_if_diverged(previous)
             previous = (metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
             losses.append(metrics.pop("loss"))
             correct.append(metrics.pop("correct"))
+            norms.append(metrics.pop("grad_norm"))
+            self.latest_loss = losses[-1]
             if not report and should_stop is not None and should_stop():
                 metrics = {}  # a lean step's leftovers: nothing to report
                 break
         self._raise_if_diverged(previous)
         steps = len(losses)
         metrics["loss"] = tw.ordered_mean(losses)
+        metrics["grad_norm"] = tw.ordered_mean(norms)
         metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (steps * self.examples_per_step)
-        return {"steps": steps, **metrics}
+        return {"steps": steps, **traced, **metrics}
+
+    def _timed_step(self, report: bool, want_gradients: bool, traced: dict) -> dict:
+        """One step; a step that traced a graph adds its wall time to `traced` (rates leave it out)."""
+        tracing_count = self._step_fn.experimental_get_tracing_count()
+        start = time.perf_counter()
+        metrics = self._step_fn([it.iterator for it in self.iterators], report, want_gradients)
+        if self._step_fn.experimental_get_tracing_count() != tracing_count:
+            traced["traced_steps"] += 1
+            traced["traced_sec"] += time.perf_counter() - start
+        return metrics
 
     def _raise_if_diverged(self, flags) -> None:
         if flags is None or bool(flags[0]):

@@ -1,0 +1,141 @@
+"""What the console shows while training: the train scalars' one definition, and a live progress line.
+
+The loop runs steps in windows cut by every cadence (log, eval, checkpoint, histograms, profiler). A logged
+value must not depend on how the other cadences cut the steps, so `LogInterval` gathers every window between
+two log lines and each logged value is over exactly those steps:
+
+- `loss`, `accuracy`, `grad_global_norm`: means over the steps (each window weighted by its steps);
+- `examples_per_sec`: their examples over their seconds, leaving out every step that traced a graph (timed
+  by the update mode) and the first window of every start (one step, which also holds what the mode cannot
+  time: the async towers' tracing, the first run of each graph);
+- `learning_rate`: the value at the logged step;
+- async `staleness_mean`, `staleness_max`: over every update of the steps;
+- `tower_step_sec/<tower>`: each tower's time on its micro-batches of one step, averaged over the windows
+  (sync mode times the last step of each window, as timing every step costs a host callback per tower;
+  async times every update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+
+
+@dataclasses.dataclass
+class LogInterval:
+    """The steps since the previous log line; `add` every window, `scalars` at the log line, then `reset`."""
+
+    steps: int = 0
+    seconds: float = 0.0  # wall time of the windows
+    loss: float = 0.0  # sums, weighted by steps
+    accuracy: float = 0.0
+    grad_norm: float = 0.0
+    learning_rate: float = 0.0
+    rate_examples: int = 0  # examples and seconds of the steps a rate may count
+    rate_seconds: float = 0.0
+    tower_sec: list = dataclasses.field(default_factory=list)  # one list of per-tower times per window
+    staleness: list = dataclasses.field(default_factory=list)  # async: of every update
+
+    def add(self, steps: int, values: dict, seconds: float, rate_examples: int, rate_seconds: float) -> None:
+        self.steps += steps
+        self.seconds += seconds
+        self.loss += values["loss"] * steps
+        self.accuracy += values["accuracy"] * steps
+        self.grad_norm += values["grad_norm"] * steps
+        self.learning_rate = values["learning_rate"]
+        self.rate_examples += rate_examples
+        self.rate_seconds += rate_seconds
+        if values.get("tower_step_sec"):
+            self.tower_sec.append(values["tower_step_sec"])
+
+    @property
+    def examples_per_sec(self) -> float | None:
+        """None when every step of the interval traced (the first log line of a start)."""
+        return self.rate_examples / self.rate_seconds if self.rate_seconds > 0 else None
+
+    def scalars(self) -> dict:
+        """The train scalars of the interval, by TensorBoard tag (`tower_step_sec` a per-tower list)."""
+        values = {
+            "loss": self.loss / self.steps,
+            "accuracy": self.accuracy / self.steps,
+            "learning_rate": self.learning_rate,
+            "grad_global_norm": self.grad_norm / self.steps,
+            "tower_step_sec": [sum(t) / len(self.tower_sec) for t in zip(*self.tower_sec, strict=True)],
+        }
+        if self.examples_per_sec is not None:
+            values["examples_per_sec"] = self.examples_per_sec
+        if self.staleness:
+            values.update(staleness_mean=sum(self.staleness) / len(self.staleness), staleness_max=max(self.staleness))
+        return values
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+class ProgressLine:
+    """A live line on a terminal (step, loss, examples/s, ETA), redrawn at most once a second.
+
+    `tick()` is cheap enough to call after every step: it reads the clock and, once a second, the global
+    step and the latest loss (one small device read). Only the main thread draws (async towers poll too).
+
+    Args:
+      stream: where to draw (a terminal; benchmarks pass /dev/null to measure the cost).
+      total_steps: the step budget.
+      examples_per_step: examples of one global step.
+      global_step: `tf.Variable` read at each redraw.
+      latest_loss: returns the latest step's loss (a tensor or float) or None.
+    """
+
+    def __init__(self, stream, total_steps: int, examples_per_step: int, global_step, latest_loss):
+        self.stream = stream
+        self.total_steps = total_steps
+        self.examples_per_step = examples_per_step
+        self.global_step = global_step
+        self.latest_loss = latest_loss
+        self.shown = False
+        self._base = (0, time.monotonic())
+        self._next_draw = 0.0
+
+    def window_started(self, step: int) -> None:
+        """Rates count from here: the time between windows (eval, checkpoints) is not training."""
+        self._base = (step, time.monotonic())
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next_draw or threading.current_thread() is not threading.main_thread():
+            return
+        self._next_draw = now + 1.0
+        step = int(self.global_step.numpy())
+        base_step, base_time = self._base
+        if step <= base_step:
+            return
+        rate = (step - base_step) / (now - base_time)
+        loss = self.latest_loss()
+        loss_text = f"  loss {float(loss):.4f}" if loss is not None else ""
+        eta = format_duration((self.total_steps - step) / rate)
+        self.stream.write(
+            f"\r\033[Kstep {step:>7d}/{self.total_steps}{loss_text}  "
+            f"{rate * self.examples_per_step:,.0f} ex/s  eta {eta}"
+        )
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Erases the line, so that a log line replaces it."""
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def live_progress(stream=None) -> bool:
+    """Whether to draw a live line: only on a terminal (a log file gets plain log lines)."""
+    stream = stream or sys.stdout
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
