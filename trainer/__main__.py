@@ -1,7 +1,10 @@
 """`python -m trainer`: flags -> RunConfig -> train. The only place that reads absl FLAGS.
 
 Stop signals are handled from the first line (before TensorFlow is imported, which takes seconds), and flags
-are validated before that import too, so bad input fails at once. Exit codes: `trainer.stop`.
+are validated before that import too, so bad input fails at once; so is TensorFlow's environment set (GPUs
+hidden with --device=cpu, its C++ logging quiet unless -v/--verbosity: `trainer.console`). Before absl parses
+the command line, `trainer.cli` answers --help and puts command-line flags after any --flagfile's, so they
+win. Exit codes: `trainer.stop`.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ import dataclasses  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-# TensorFlow's C++ INFO lines (CUDA stubs, CPU features) bury the training log; warnings still show.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
 from launch import cluster  # noqa: E402
+from trainer import cli, console, versions  # noqa: E402
 from trainer import config as cfg  # noqa: E402
 from trainer import flags as tf_flags  # noqa: E402
 
@@ -47,10 +48,15 @@ def _main(argv: list[str]) -> int:
     except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
-    logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures) likewise
-    config = dataclasses.replace(config, flags_text=tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
+    verbosity = FLAGS.verbosity if FLAGS["verbosity"].present else None
+    if verbosity is None:
+        logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures)
+    level = console.prepare_tensorflow(config.towers.device, verbosity)
+    header = versions.flagfile_header(versions.devices_summary(config.towers))
+    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
 
-    from trainer import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
+    with console.native_stderr_filtered(level):
+        from trainer import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
     if tasks.num_tasks == 1:
         return _train(config, None)
@@ -98,13 +104,31 @@ def run_and_exit() -> None:
     teardown (seconds with TensorFlow loaded) resets the stop signals to their default action, so a
     time-limit warning arriving then would kill a finished job (Slurm: FAILED 0:10)."""
     try:
-        app.run(main)
+        _print_help_and_exit(cli.help_request(sys.argv))
+        app.run(main, argv=_command_line(sys.argv))
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _print_help_and_exit(request: str) -> None:
+    if request == "help":
+        print(cli.help_text(FLAGS, tf_flags.GROUP_FLAGS, tf_flags.group_blurbs()), end="")
+    elif request == "full":
+        print(cli.full_help_text(FLAGS), end="")
+    if request:
+        raise SystemExit(0)
+
+
+def _command_line(argv: list[str]) -> list[str]:
+    try:
+        return cli.command_line(argv, FLAGS)
+    except flags.Error as e:  # absl's own wording, as app.run would print it
+        print(f"FATAL Flags parsing error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -9,21 +9,43 @@ from absl import flags
 
 from trainer import config as cfg
 
+GROUP_FLAGS: dict[str, tuple[str, ...]] = {}  # `--help` heading -> names of its flags, filled by define_flags
+
+
+def _groups() -> tuple:
+    """(heading, what it covers, defining function) for each group, in `--help` order. A new group is one
+    `_define_<topic>_flags` function and one line here: the flags that function defines are its group."""
+    return (
+        ("towers", "devices, batch split, update mode, precision, reproducibility", _define_tower_flags),
+        ("data", "training and eval records", _define_data_flags),
+        ("model", "what is trained", _define_model_flags),
+        ("optimizer", "update rule and learning-rate schedule", _define_optimizer_flags),
+        ("loop and outputs", "how long, how often, what model_dir gets", _define_loop_flags),
+        ("resume", "rerunning into an existing model_dir", _define_resume_flags),
+        ("cluster", "several tasks: srun, TF_CONFIG", _define_cluster_flags),
+    )
+
+
+def group_blurbs() -> dict[str, str]:
+    """`--help` heading -> the one-line description printed with it."""
+    return {heading: blurb for heading, blurb, _ in _groups()}
+
 
 def define_flags() -> None:
-    """Defines every flag on absl's global FLAGS; a second call in the same process does nothing."""
-    if "num_gpus" in flags.FLAGS:
+    """Defines every flag on absl's global FLAGS, recording each group's flags in `GROUP_FLAGS`; a second
+    call in the same process does nothing."""
+    if GROUP_FLAGS:
         return
-    _define_tower_flags()
-    _define_data_flags()
-    _define_optimizer_flags()
-    _define_loop_flags()
-    _define_resume_flags()
-    _define_cluster_flags()
+    for heading, _, define in _groups():
+        before = set(flags.FLAGS)
+        define()
+        GROUP_FLAGS[heading] = tuple(name for name in flags.FLAGS if name not in before)
 
 
 def _define_tower_flags() -> None:
-    flags.DEFINE_integer("num_gpus", 1, "Number of towers: one per device (GPU, or logical CPU with --device=cpu).")
+    flags.DEFINE_integer(
+        "num_gpus", 1, "Towers per task (at least 1): one per device (GPU, or logical CPU with --device=cpu)."
+    )
     flags.DEFINE_enum(
         "device",
         "gpu",
@@ -38,12 +60,6 @@ def _define_tower_flags() -> None:
         "Where the single copy of the variables and optimizer slots lives. gpu: the first tower's "
         "device (/cpu:0 with --device=cpu). cpu: the host. spread: each variable and its slots on one "
         "tower's device, balanced by bytes; same weights bitwise, less traffic through any one device.",
-    )
-    flags.DEFINE_string(
-        "model",
-        "cnn",
-        "Built-in model (mlp, cnn, resnet20, resnet50) or 'package.module:function' "
-        "returning a Keras model for (input_shape, num_classes).",
     )
     flags.DEFINE_integer("global_batch_size", 128, "Examples per step, over all towers (split into micro-batches).")
     flags.DEFINE_integer(
@@ -79,7 +95,7 @@ def _define_tower_flags() -> None:
         ["", "bf16", "fp16"],
         "Compute in bfloat16 or float16, variables in float32; fp16 adds dynamic loss scaling. Empty: float32.",
     )
-    flags.DEFINE_integer("seed", 0, "Seed of weight init, data shuffle and Dropout.")
+    flags.DEFINE_integer("seed", 0, "Seed of weight init, data shuffle and Dropout (any integer; 0 too).")
     flags.DEFINE_bool(
         "deterministic",
         False,
@@ -108,20 +124,36 @@ def _define_data_flags() -> None:
     flags.DEFINE_list("image_size", None, "H,W to resize every image to; needed when images differ in size.")
     flags.DEFINE_string("feature_key", "features", "Dense records: key of the float feature vector.")
     flags.DEFINE_string("label_key", "label", "Dense records: key of the int64 label.")
-    flags.DEFINE_integer("shuffle_buffer", 10_000, "Records in the shuffle buffer (saved in every checkpoint).")
+    flags.DEFINE_integer(
+        "shuffle_buffer",
+        10_000,
+        "Records in the shuffle buffer, at least 1 (1: file order); saved in every checkpoint.",
+    )
     flags.DEFINE_integer("eval_batch_size", 0, "Examples per eval batch; 0: --global_batch_size.")
     flags.DEFINE_integer(
         "max_bad_records",
         0,
-        "Corrupt training records (bad CRC, truncated file) to skip before failing, each with the rest of its "
-        "file, which the reader cannot resynchronise on; each is named on stderr once. A record that does not "
-        "parse or decode, a label outside [0, --num_classes) and any bad eval record always fail the run.",
+        "Corrupt training records (bad CRC, truncated file) to skip before failing (0: the first fails the "
+        "run), each with the rest of its file, which the reader cannot resynchronise on; each is named on "
+        "stderr once. A record that does not parse or decode, a label outside [0, --num_classes) and any "
+        "bad eval record always fail the run.",
+    )
+
+
+def _define_model_flags() -> None:
+    flags.DEFINE_string(
+        "model",
+        "cnn",
+        "Built-in model (mlp, cnn, resnet20, resnet50) or 'package.module:function' "
+        "returning a Keras model for (input_shape, num_classes).",
     )
 
 
 def _define_optimizer_flags() -> None:
     flags.DEFINE_enum("optimizer", "momentum", list(cfg.OPTIMIZERS), "Optimizer (momentum: SGD with --momentum).")
-    flags.DEFINE_float("learning_rate", 0.05, "Peak learning rate (after warmup).")
+    flags.DEFINE_float(
+        "learning_rate", 0.05, "Peak learning rate (after warmup), per step of --global_batch_size examples."
+    )
     flags.DEFINE_float("momentum", 0.9, "Momentum of --optimizer=momentum.")
     flags.DEFINE_float("weight_decay", 1e-4, "Decoupled weight decay of --optimizer=adamw.")
     flags.DEFINE_enum(
@@ -131,7 +163,7 @@ def _define_optimizer_flags() -> None:
         "cosine: linear warmup then cosine decay to 0 at --train_steps. piecewise: --lr_values "
         "between --lr_boundaries. constant: warmup then --learning_rate.",
     )
-    flags.DEFINE_integer("warmup_steps", 0, "Steps of linear warmup from 0 (cosine and constant schedules).")
+    flags.DEFINE_integer("warmup_steps", 0, "Steps of linear warmup from 0 (cosine and constant schedules); 0: none.")
     flags.DEFINE_list("lr_boundaries", [], "Piecewise schedule: step boundaries, increasing.")
     flags.DEFINE_list("lr_values", [], "Piecewise schedule: learning rates, one more than boundaries.")
     flags.DEFINE_float("clip_global_norm", 0.0, "Clip the averaged gradient to this global norm; 0: no clipping.")
@@ -144,7 +176,9 @@ def _define_loop_flags() -> None:
         "Checkpoints, events, metrics.json, flags.txt, export/. "
         "A rerun with the same directory resumes from its newest checkpoint.",
     )
-    flags.DEFINE_integer("train_steps", 1000, "Total optimizer steps (global batches), counting resumed ones.")
+    flags.DEFINE_integer(
+        "train_steps", 1000, "Total optimizer steps (global batches), counting resumed ones; at least 1."
+    )
     flags.DEFINE_integer("log_every_steps", 100, "Steps between log lines and train scalars; 0: off.")
     flags.DEFINE_integer("eval_every_steps", 500, "Steps between evaluations (also one at the end); 0: end only.")
     flags.DEFINE_integer("checkpoint_every_steps", 500, "Steps between checkpoints (also one at the end); 0: end only.")
@@ -159,7 +193,7 @@ def _define_loop_flags() -> None:
         "A,B: record a TensorFlow profiler trace of steps A+1..B into "
         "model_dir/train (TensorBoard's Profile tab, with tensorboard-plugin-profile).",
     )
-    flags.DEFINE_integer("keep_checkpoints", 3, "Newest checkpoints kept.")
+    flags.DEFINE_integer("keep_checkpoints", 3, "Newest checkpoints kept, at least 1.")
     flags.DEFINE_integer(
         "max_requeues",
         3,
@@ -193,8 +227,7 @@ def _define_cluster_flags() -> None:
     flags.DEFINE_float(
         "cluster_timeout_sec",
         300.0,
-        "Several tasks: how long the chief waits for every worker's server, and a worker for the chief, "
-        "before failing.",
+        "Several tasks: seconds the chief waits for every worker's server, and a worker for the chief, before failing.",
     )
 
 

@@ -20,7 +20,7 @@ import data
 import models
 from launch import cluster as cluster_lib
 from trainer import attempts as attempts_lib
-from trainer import banner, determinism, devices, distributed, optim, report, rundir, spread, towers
+from trainer import banner, determinism, devices, distributed, optim, report, rundir, spread, towers, versions
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
@@ -351,6 +351,8 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
         "parameter_devices": spread.parameter_devices([*state.model.variables, *state.optimizer.variables]),
         "weights_sha256": report.weights_sha256(state.model.variables),
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
+        "devices": list(state.placement.towers),
+        "versions": versions.describe(),
     }
     staleness = getattr(state.mode, "staleness_all", None)
     if staleness:  # async: over every update of this process (a resumed run counts from its restart)
