@@ -55,11 +55,12 @@ def test_digits_reach_95_percent_and_leave_every_output(make_config, tmp_path):
     assert (on_disk["global_step"], on_disk["num_towers"], on_disk["micro_batches"]) == (300, 2, 2)
     assert len(on_disk["weights_sha256"]) == 64 and on_disk["examples_per_sec"] > 0
     assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-300")
-    exported = tf.saved_model.load(str(run / "export"))
+    exported = tf.saved_model.load(str(run / "export" / "300"))  # one version directory per final step
     images, labels = next(
         iter(data.make_dataset(data.inspect_records(data.ensure_digits()[1]), batch_size=360, training=False))
     )
-    exported_accuracy = np.mean(np.argmax(exported.serve(images).numpy(), axis=-1) == labels.numpy())
+    classes = exported.signatures["predict_float"](images=images)["classes"].numpy()
+    exported_accuracy = np.mean(classes == labels.numpy())
     assert exported_accuracy == pytest.approx(metrics["eval_accuracy"])
 
 

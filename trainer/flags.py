@@ -201,7 +201,11 @@ def _define_loop_flags() -> None:
         "checkpoints and requeues its job with `scontrol requeue`, at most this many times per job; 0: never. "
         "Preemption (SIGTERM) requeues are Slurm's own (--requeue) and not counted.",
     )
-    flags.DEFINE_bool("export", True, "Export a SavedModel to model_dir/export at the end.")
+    flags.DEFINE_bool(
+        "export",
+        True,
+        "At the end, export a SavedModel to model_dir/export/<step>/ (kept if it exists; README: Serving).",
+    )
 
 
 def _define_resume_flags() -> None:

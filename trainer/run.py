@@ -26,6 +26,7 @@ from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
 from trainer.config import RunConfig, flatten, validate
 from trainer.evaluate import Evaluator
+from trainer.export import export_saved_model
 from trainer.inputs import Inputs, eval_dataset_fn, resolve_inputs, train_iterators
 from trainer.loop import Loop
 from trainer.staleness import TowerFailed
@@ -112,7 +113,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     results = _run_loop(config, state, attempts, stop)
     if config.loop.export:
         _require_finite(state.model, results["global_step"], "exporting")
-        state.model.export(os.path.join(config.loop.model_dir, "export"), verbose=False)
+        export_saved_model(state.model, config, resolve_inputs(config.data), results["global_step"], _log_line)
     attempts.end("finished")
     metrics = _final_metrics(config, state, attempts, results)
     report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)

@@ -1,0 +1,183 @@
+"""The serving export: `model_dir/export/<global_step>/`, a SavedModel whose signatures state their input.
+
+TF Serving's layout (one numbered directory per version under `--model_base_path=model_dir/export`). Each
+signature does in-graph what the training input pipeline (`data.parse`) does, so a client never has to
+guess: images are decoded, resized bilinear to the model's (H, W) and scaled by 1/255 to float32 [0, 1],
+NHWC. Every signature returns `logits`, `probabilities` (softmax) and `classes` (argmax, int64), float32
+even under mixed precision. `assets.extra/towerflow_serving.json` records the same contract as data.
+
+An existing `export/<step>/` is never overwritten (a rerun of a finished run keeps it); a new version is
+written into a hidden sibling and renamed into place, so a kill mid-export leaves no numbered directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import keras
+import tensorflow as tf
+
+import data
+from trainer.config import RunConfig
+from trainer.inputs import Inputs
+
+SERVING_FILE = os.path.join("assets.extra", "towerflow_serving.json")
+OUTPUT_NAMES = ("logits", "probabilities", "classes")
+_PARTIAL_PREFIX = ".partial-"  # TF Serving only loads all-digit directory names
+
+
+def export_saved_model(model: keras.Model, config: RunConfig, inputs: Inputs, step: int, log) -> str | None:
+    """Writes `model` to `config.loop.model_dir/export/<step>/` unless that version exists.
+
+    Args:
+      model: the trained logits model (its variables may live on several devices).
+      config: the run (model name, mixed precision, model_dir).
+      inputs: the resolved records; their schema and example shape define the signatures.
+      step: the global step, the version directory's name.
+      log: `log(line)` for one line saying what happened.
+
+    Returns:
+      The version directory written, or None when it existed already (kept as it was).
+    """
+    base = os.path.join(config.loop.model_dir, "export")
+    target = os.path.join(base, str(step))
+    if os.path.exists(target):
+        log(f"export/{step} exists; kept")
+        return None
+    os.makedirs(base, exist_ok=True)
+    _remove_partial(base, log)  # left by a killed export; the run lock says no one else is writing
+    partial = os.path.join(base, f"{_PARTIAL_PREFIX}{step}-{os.getpid()}")
+    try:
+        _archive(model, inputs).write_out(partial, verbose=False)
+        _write_contract(partial, contract(config, inputs, step))
+        os.rename(partial, target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    log(f"exported to export/{step} (signatures: {', '.join(_signature_names(inputs))})")
+    if os.path.exists(os.path.join(base, "saved_model.pb")):
+        log("export/saved_model.pb is an export of the old layout (before export/<step>/); TF Serving ignores it")
+    return target
+
+
+def _remove_partial(base: str, log) -> None:
+    for name in sorted(os.listdir(base)):
+        if name.startswith(_PARTIAL_PREFIX):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            log(f"export: removed {name}, an export that did not finish")
+
+
+def _signature_names(inputs: Inputs) -> list[str]:
+    if _is_dense(inputs):
+        return ["serving_default", "predict_float"]
+    return ["serving_default", "predict_uint8", "predict_float"]
+
+
+def _is_dense(inputs: Inputs) -> bool:
+    return isinstance(inputs.train.schema, data.DenseSchema)
+
+
+def _archive(model: keras.Model, inputs: Inputs) -> keras.export.ExportArchive:
+    """An ExportArchive holding `model` with one endpoint per signature (the first is also serving_default)."""
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    shape = inputs.train.example_shape
+
+    def outputs(features: tf.Tensor) -> dict:
+        logits = tf.cast(model(features, training=False), tf.float32)  # mixed precision computes in 16 bits
+        return {
+            "logits": logits,
+            "probabilities": tf.nn.softmax(logits, axis=-1),
+            "classes": tf.argmax(logits, axis=-1, output_type=tf.int64),
+        }
+
+    if _is_dense(inputs):  # dense records are float32 features as stored, unscaled (data.parse)
+        features = tf.TensorSpec([None, *shape], tf.float32, name="features")
+        archive.add_endpoint("predict_float", lambda features: outputs(features), [features])
+        return archive
+    images_float = tf.TensorSpec([None, *shape], tf.float32, name="images")
+    images_uint8 = tf.TensorSpec([None, *shape], tf.uint8, name="images")
+    image_bytes = tf.TensorSpec([None], tf.string, name="image_bytes")
+    decode = _decoder(shape)
+    archive.add_endpoint("serving_default", lambda image_bytes: outputs(decode(image_bytes)), [image_bytes])
+    archive.add_endpoint("predict_uint8", lambda images: outputs(tf.cast(images, tf.float32) / 255.0), [images_uint8])
+    archive.add_endpoint("predict_float", lambda images: outputs(images), [images_float])
+    return archive
+
+
+def _decoder(shape: tuple[int, int, int]):
+    """encoded [B] string -> float32 [B, H, W, C] in [0, 1], as `data.parse` turns a record's image/encoded.
+
+    Training resizes bilinear with --image_size, and otherwise requires every image to be (H, W); bilinear
+    resizing to the same size is the identity (checked bitwise), so resizing every image matches both and
+    lets clients send other sizes.
+    """
+    height, width, channels = shape
+
+    def decode_one(encoded: tf.Tensor) -> tf.Tensor:
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        return tf.image.resize(image, (height, width), method="bilinear")
+
+    def decode(encoded: tf.Tensor) -> tf.Tensor:
+        images = tf.map_fn(decode_one, encoded, fn_output_signature=tf.TensorSpec(shape, tf.float32))
+        return images / 255.0
+
+    return decode
+
+
+def contract(config: RunConfig, inputs: Inputs, step: int) -> dict:
+    """What `assets.extra/towerflow_serving.json` says: each signature's input, the outputs, the labels."""
+    num_classes = inputs.num_classes
+    return {
+        "model": config.model.name,
+        "global_step": step,
+        "schema": "dense" if _is_dense(inputs) else "image",
+        "num_classes": num_classes,
+        "label_offset": inputs.train.schema.label_offset,
+        "labels": "class k is the records' label k + label_offset",
+        "mixed_precision": config.towers.mixed_precision or "none",
+        "signatures": _signature_inputs(inputs),
+        "outputs": {
+            "logits": {"dtype": "float32", "shape": [None, num_classes]},
+            "probabilities": {"dtype": "float32", "shape": [None, num_classes], "what": "softmax(logits)"},
+            "classes": {"dtype": "int64", "shape": [None], "what": "argmax(logits)"},
+        },
+    }
+
+
+def _signature_inputs(inputs: Inputs) -> dict:
+    """signature name -> {input name -> dtype, shape, range, layout}: what `_archive` builds, as data."""
+    shape = list(inputs.train.example_shape)
+    if _is_dense(inputs):
+        features = {"features": {"dtype": "float32", "shape": [None, *shape], "range": "as stored in the records"}}
+        return {"serving_default": features, "predict_float": features}
+    height, width, channels = shape
+    image_bytes = {
+        "dtype": "string",
+        "shape": [None],
+        "content": f"encoded JPEG, PNG, BMP, GIF or WebP (first frame of an animation), any size; decoded to "
+        f"{channels} channel(s), resized bilinear to {height}x{width}, scaled by 1/255",
+    }
+    return {
+        "serving_default": {"image_bytes": image_bytes},
+        "predict_uint8": {"images": {"dtype": "uint8", "shape": [None, *shape], "range": [0, 255], "layout": "NHWC"}},
+        "predict_float": {
+            "images": {
+                "dtype": "float32",
+                "shape": [None, *shape],
+                "range": [0.0, 1.0],
+                "layout": "NHWC",
+                "scaling": "pixel / 255",
+            }
+        },
+    }
+
+
+def _write_contract(export_dir: str, contract_: dict) -> None:
+    path = os.path.join(export_dir, SERVING_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(contract_, f, indent=2)
+        f.write("\n")
