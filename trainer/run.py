@@ -111,13 +111,15 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     if dropped:
         _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
     results = _run_loop(config, state, attempts, stop)
+    export_dir = None
     if config.loop.export:
-        _require_finite(state.model, results["global_step"], "exporting")
-        export_saved_model(state.model, config, resolve_inputs(config.data), results["global_step"], _log_line)
+        step = results["global_step"]
+        _require_finite(state.model, step, "exporting")
+        export_saved_model(state.model, config, state.inputs, step, _log_line)  # None: kept an existing one
+        export_dir = os.path.join(config.loop.model_dir, "export", str(step))
     attempts.end("finished")
     metrics = _final_metrics(config, state, attempts, results)
     report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
-    export_dir = os.path.join(config.loop.model_dir, "export") if config.loop.export else None
     for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
         _log_line(line)
     return metrics
