@@ -22,7 +22,7 @@ from trainer import determinism, devices, distributed, optim, report, rundir, sp
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
-from trainer.config import RunConfig, flatten, validate
+from trainer.config import RunConfig, validate
 from trainer.evaluate import Evaluator
 from trainer.inputs import Inputs, eval_dataset_fn, resolve_inputs, train_iterators
 from trainer.loop import Loop
@@ -123,7 +123,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     """Runs the loop, recording the attempt's progress at every checkpoint."""
     placement = state.placement
     summaries = Summaries(config.loop.model_dir, [placement.tower_tag(i) for i in range(len(placement.towers))])
-    summaries.hparams(hparams(config))
+    summaries.hparams(config)
     trainable = state.model.trainable_variables
 
     def on_checkpoint(step: int) -> None:
@@ -336,11 +336,6 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
             max_staleness=t.max_staleness,
         )
     return metrics
-
-
-def hparams(config: RunConfig) -> dict:
-    """The run's settings, flattened (`towers.num_towers`, `optimizer.learning_rate`, ...) for TensorBoard."""
-    return flatten(config)
 
 
 def _log_line(text: str) -> None:
