@@ -115,7 +115,7 @@ def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config,
             train(config)
     finally:
         timer.cancel()
-    stopped_at = int(tf.train.latest_checkpoint(str(tmp_path / "run")).rsplit("-", 1)[1])
+    stopped_at = int(tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).rsplit("-", 1)[1])
     assert stopped_at > 0
     resumed = train(_async(make_config, train_steps=stopped_at + 10))
     assert resumed["global_step"] == stopped_at + 10

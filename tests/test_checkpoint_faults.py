@@ -60,12 +60,12 @@ def _copy(source, tmp_path):
 
 
 def _truncate_data(run):
-    path = run / f"ckpt-12.{DATA}"
+    path = run / "checkpoints" / f"ckpt-12.{DATA}"
     os.truncate(path, os.path.getsize(path) // 2)
 
 
 def _flip_a_data_byte(run):
-    path = run / f"ckpt-12.{DATA}"
+    path = run / "checkpoints" / f"ckpt-12.{DATA}"
     middle = os.path.getsize(path) // 2
     with open(path, "r+b") as f:
         f.seek(middle)
@@ -75,17 +75,17 @@ def _flip_a_data_byte(run):
 
 
 def _delete_index(run):
-    os.remove(run / "ckpt-12.index")
+    os.remove(run / "checkpoints" / "ckpt-12.index")
 
 
 def _state(run) -> list[str]:
-    state, problem = checkpoint_files.read_state(str(run))
+    state, problem = checkpoint_files.read_state(str(run / "checkpoints"))
     assert problem == ""
     return state.names
 
 
 def _on_disk(run) -> list[str]:
-    return sorted(name for name in os.listdir(run) if name.startswith("ckpt-"))
+    return sorted(name for name in os.listdir(run / "checkpoints") if name.startswith("ckpt-"))
 
 
 def _files_of(*steps) -> list[str]:
@@ -116,17 +116,20 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(
     # ckpt-12 was saved again over the damaged one; ckpt-4 rotated away as usual
     assert _state(run) == ["ckpt-8", "ckpt-12", "ckpt-16"]
     assert _on_disk(run) == _files_of(8, 12, 16)
-    assert checkpoint_files.unreadable(str(run / "ckpt-12")) is None
+    assert checkpoint_files.unreadable(str(run / "checkpoints" / "ckpt-12")) is None
 
 
 def _garble(run):
-    state = (run / "checkpoint").read_bytes()
-    (run / "checkpoint").write_bytes(state[:30] + b"\xff\x00\xfe")
+    state = (run / "checkpoints" / "checkpoint").read_bytes()
+    (run / "checkpoints" / "checkpoint").write_bytes(state[:30] + b"\xff\x00\xfe")
 
 
 @pytest.mark.parametrize(
     "damage, problem",
-    [(lambda run: os.remove(run / "checkpoint"), "missing"), (_garble, "garbled (UnicodeDecodeError: ")],
+    [
+        (lambda run: os.remove(run / "checkpoints" / "checkpoint"), "missing"),
+        (_garble, "garbled (UnicodeDecodeError: "),
+    ],
 )
 def test_a_lost_state_file_is_rebuilt_and_rotation_goes_on(make_config, tmp_path, capsys, runs, damage, problem):
     reference, killed = runs
@@ -135,7 +138,7 @@ def test_a_lost_state_file_is_rebuilt_and_rotation_goes_on(make_config, tmp_path
     capsys.readouterr()
     metrics = train(_config(make_config, run, STEPS))
     out = capsys.readouterr().out
-    assert f"the checkpoint state file {run / 'checkpoint'} is {problem}" in out
+    assert f"the checkpoint state file {run / 'checkpoints' / 'checkpoint'} is {problem}" in out
     assert "rebuilt it from ckpt-4, ckpt-8, ckpt-12 on disk" in out
     assert metrics["attempts"][-1]["resumed_from_step"] == 12
     assert metrics["weights_sha256"] == reference
@@ -148,13 +151,13 @@ def test_with_every_checkpoint_damaged_the_run_starts_over(make_config, tmp_path
     reference, killed = runs
     run = _copy(killed, tmp_path)
     for step in (4, 8, 12):
-        os.truncate(run / f"ckpt-{step}.{DATA}", 100)
+        os.truncate(run / "checkpoints" / f"ckpt-{step}.{DATA}", 100)
     capsys.readouterr()
     metrics = train(_config(make_config, run, STEPS))
     out = capsys.readouterr().out
     for step in (12, 8, 4):
         assert f"skipped checkpoint ckpt-{step}: data file truncated" in out
-    assert f"no checkpoint in {run} reads back whole; starting from step 0" in out
+    assert f"no checkpoint in {run / 'checkpoints'} reads back whole; starting from step 0" in out
     assert metrics["attempts"][-1]["resumed_from_step"] == 0
     assert metrics["weights_sha256"] == reference
     assert _state(run) == ["ckpt-8", "ckpt-12", "ckpt-16"]  # the damaged ones were overwritten or rotated away
@@ -165,10 +168,10 @@ def test_a_checkpoint_saved_but_not_recorded_is_resumed_from(make_config, tmp_pa
     run = _copy(killed, tmp_path)
     # killed after writing ckpt-16's index, before recording it in the state file
     for name in _files_of(16):
-        shutil.copy(module_dir / "reference" / name, run / name)
+        shutil.copy(module_dir / "reference" / "checkpoints" / name, run / "checkpoints" / name)
     capsys.readouterr()
     metrics = train(_config(make_config, run, STEPS))
-    assert f"added ckpt-16 on disk but not in {run / 'checkpoint'} to it" in capsys.readouterr().out
+    assert f"added ckpt-16 on disk but not in {run / 'checkpoints' / 'checkpoint'} to it" in capsys.readouterr().out
     assert metrics["attempts"][-1]["resumed_from_step"] == 16
     assert metrics["weights_sha256"] == reference
     assert _state(run) == ["ckpt-4", "ckpt-8", "ckpt-12", "ckpt-16"]  # ckpt-4 goes at the next save
@@ -189,12 +192,13 @@ def test_the_older_checkpoint_overwrites_everything_a_newer_restore_left(make_co
     run = _copy(killed, tmp_path)
     _truncate_data(run)
     damaged = build(_config(make_config, run, STEPS))
-    damaged.checkpointer.checkpoint.restore(str(killed / "ckpt-12"))  # the state as a half-done restore leaves it
+    # the state as a half-done restore leaves it
+    damaged.checkpointer.checkpoint.restore(str(killed / "checkpoints" / "ckpt-12"))
     with pytest.raises(IndexError):  # what restoring the truncated checkpoint itself does
-        damaged.checkpointer.checkpoint.restore(str(run / "ckpt-12"))
-    assert damaged.checkpointer.restore_latest() == str(run / "ckpt-8")
+        damaged.checkpointer.checkpoint.restore(str(run / "checkpoints" / "ckpt-12"))
+    assert damaged.checkpointer.restore_latest() == str(run / "checkpoints" / "ckpt-8")
     clean = build(_config(make_config, tmp_path / "clean", STEPS))
-    clean.checkpointer.checkpoint.restore(str(killed / "ckpt-8"))
+    clean.checkpointer.checkpoint.restore(str(killed / "checkpoints" / "ckpt-8"))
     assert int(damaged.global_step.numpy()) == 8
     assert _fingerprint(damaged) == _fingerprint(clean)
 
@@ -218,21 +222,23 @@ def test_a_checkpoint_of_another_model_fails_naming_it(make_config, tmp_path, ca
 def test_leftovers_of_interrupted_saves_are_removed(make_config, tmp_path, capsys, runs):
     reference, killed = runs
     run = _copy(killed, tmp_path)
+    ckpts = run / "checkpoints"
     # what TF 2.21 left after SIGKILLs mid-save (data renamed but no index yet: its save never finished)
-    (run / "ckpt-16_temp").mkdir()
-    (run / "ckpt-16_temp" / f"part-00000-of-00001.{DATA}.tempstate15194492813513053019").write_bytes(b"x" * 100)
-    (run / f"ckpt-16.{DATA}").write_bytes(b"y" * 100)
-    (run / "checkpoint.tmp8e9d4c5a0b1f2e3d4c5b6a7980f1e2d3").write_text("model_checkpoint_path")
+    (ckpts / "ckpt-16_temp").mkdir()
+    (ckpts / "ckpt-16_temp" / f"part-00000-of-00001.{DATA}.tempstate15194492813513053019").write_bytes(b"x" * 100)
+    (ckpts / f"ckpt-16.{DATA}").write_bytes(b"y" * 100)
+    (ckpts / "checkpoint.tmp8e9d4c5a0b1f2e3d4c5b6a7980f1e2d3").write_text("model_checkpoint_path")
     for foreign in ("notes.txt", "ckpt-best_temp/", "ckpt-12.index.bak"):  # not names the manager writes
-        (run / foreign.rstrip("/")).mkdir() if foreign.endswith("/") else (run / foreign).write_text("mine")
+        (ckpts / foreign.rstrip("/")).mkdir() if foreign.endswith("/") else (ckpts / foreign).write_text("mine")
     capsys.readouterr()
     metrics = train(_config(make_config, run, STEPS))
     out = capsys.readouterr().out
     assert (
-        f"removed what interrupted checkpoint saves left in {run}: checkpoint.tmp8e9d4c5a0b1f2e3d4c5b6a7980f1e2d3, "
+        f"removed what interrupted checkpoint saves left in {ckpts}: checkpoint.tmp8e9d4c5a0b1f2e3d4c5b6a7980f1e2d3, "
         f"ckpt-16.{DATA}, ckpt-16_temp/" in out
     )
-    assert (run / "notes.txt").exists() and (run / "ckpt-best_temp").is_dir() and (run / "ckpt-12.index.bak").exists()
+    assert (ckpts / "notes.txt").exists() and (ckpts / "ckpt-best_temp").is_dir()
+    assert (ckpts / "ckpt-12.index.bak").exists()
     assert metrics["attempts"][-1]["resumed_from_step"] == 12
     assert metrics["weights_sha256"] == reference
     assert _on_disk(run) == sorted([*_files_of(8, 12, 16), "ckpt-12.index.bak", "ckpt-best_temp"])
@@ -268,7 +274,7 @@ def _run_trainer(model_dir) -> dict:
 
 
 def _recorded_step(model_dir) -> int:
-    state, _ = checkpoint_files.read_state(str(model_dir))
+    state, _ = checkpoint_files.read_state(str(model_dir / "checkpoints"))
     return checkpoint_files.number(state.names[-1]) if state else 0
 
 
@@ -287,12 +293,13 @@ def _kill_while_saving(model_dir, delay_sec: float, log_path) -> tuple[int, list
     with open(log_path, "w") as log:
         process = subprocess.Popen(_trainer_command(model_dir), cwd=ROOT, env=env, stdout=log, stderr=log)
         _wait_until(lambda: _recorded_step(model_dir) > before, process)
-        _wait_until(lambda: any(name.endswith("_temp") for name in os.listdir(model_dir)), process)
+        _wait_until(lambda: any(name.endswith("_temp") for name in os.listdir(model_dir / "checkpoints")), process)
         time.sleep(delay_sec)
         process.send_signal(signal.SIGKILL)
         assert process.wait() == -signal.SIGKILL, f"the trainer ended before the kill: {log_path}"
     recorded = _recorded_step(model_dir)
-    unfinished = [n for n in os.listdir(model_dir) if "_temp" in n or n.startswith(f"ckpt-{recorded + 1}.")]
+    names = os.listdir(model_dir / "checkpoints")
+    unfinished = [n for n in names if "_temp" in n or n.startswith(f"ckpt-{recorded + 1}.")]
     return recorded, sorted(unfinished)
 
 

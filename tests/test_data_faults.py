@@ -255,7 +255,7 @@ def test_cli_corrupt_eval_file_exits_2_before_any_checkpoint(tmp_path):
         f"corrupted record at {offset + 12}); the rest of the file cannot be read. Rewrite the file or leave it "
         "out of the pattern"
     )
-    assert not list((tmp_path / "run").glob("ckpt-*"))
+    assert not list((tmp_path / "run").glob("**/ckpt-*"))
 
 
 def test_cli_async_label_of_num_classes_exits_2_naming_file_label_and_flags(tmp_path):

@@ -41,11 +41,11 @@ def test_seed_changes_the_weights(make_config, tmp_path):
 def test_resume_from_checkpoint_matches_uninterrupted_run(make_config, tmp_path):
     full = _train(make_config, tmp_path, "full", 2, checkpoint_every_steps=STEPS // 2)
     # A run killed after its step-6 checkpoint: only that checkpoint is on disk when it restarts.
-    resumed_dir = tmp_path / "resumed"
+    resumed_dir = tmp_path / "resumed" / "checkpoints"
     os.makedirs(resumed_dir)
-    for name in os.listdir(tmp_path / "full"):
+    for name in os.listdir(tmp_path / "full" / "checkpoints"):
         if name.startswith(f"ckpt-{STEPS // 2}."):
-            shutil.copy(tmp_path / "full" / name, resumed_dir / name)
+            shutil.copy(tmp_path / "full" / "checkpoints" / name, resumed_dir / name)
     tf.compat.v1.train.update_checkpoint_state(str(resumed_dir), str(resumed_dir / f"ckpt-{STEPS // 2}"))
     resumed = _train(make_config, tmp_path, "resumed", 2, checkpoint_every_steps=STEPS // 2)
     assert resumed["global_step"] == STEPS
@@ -84,24 +84,25 @@ def test_checkpoints_hold_input_positions_not_shuffle_buffers(make_config, tmp_p
         loop={"train_steps": 5, "checkpoint_every_steps": 5},
     )
     train(config)
-    saved = dict(tf.train.list_variables(str(tmp_path / "run" / "ckpt-5")))
+    saved = dict(tf.train.list_variables(str(tmp_path / "run" / "checkpoints" / "ckpt-5")))
     assert not [name for name in saved if "ITERATOR_STATE" in name]
     for j in range(2):
         key = f"input_position_{j}/.ATTRIBUTES/VARIABLE_VALUE"
         assert saved[key] == [2]
-        assert tf.train.load_variable(str(tmp_path / "run" / "ckpt-5"), key).tolist() == [0, 160]
+        assert tf.train.load_variable(str(tmp_path / "run" / "checkpoints" / "ckpt-5"), key).tolist() == [0, 160]
 
 
 def test_resume_across_an_epoch_boundary_is_exact(make_config, tmp_path):
     """Each stream's epoch is ~719 records = ~22 steps of 32: the checkpoint at step 30 sits in epoch 1."""
     config = make_config(towers={"micro_batches": 2}, loop={"train_steps": 36, "checkpoint_every_steps": 30})
     reference = train(dataclasses.replace(config, loop=dataclasses.replace(config.loop, model_dir=str(tmp_path / "a"))))
-    position = tf.train.load_variable(str(tmp_path / "a" / "ckpt-30"), "input_position_0/.ATTRIBUTES/VARIABLE_VALUE")
+    saved, killed = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    position = tf.train.load_variable(str(saved / "ckpt-30"), "input_position_0/.ATTRIBUTES/VARIABLE_VALUE")
     assert position[0] == 1  # the second epoch
-    os.makedirs(tmp_path / "b")  # a run killed after its step-30 checkpoint
-    for name in os.listdir(tmp_path / "a"):
+    os.makedirs(killed)  # a run killed after its step-30 checkpoint
+    for name in os.listdir(saved):
         if name.startswith("ckpt-30."):
-            shutil.copy(tmp_path / "a" / name, tmp_path / "b" / name)
-    tf.compat.v1.train.update_checkpoint_state(str(tmp_path / "b"), str(tmp_path / "b" / "ckpt-30"))
+            shutil.copy(saved / name, killed / name)
+    tf.compat.v1.train.update_checkpoint_state(str(killed), str(killed / "ckpt-30"))
     resumed = train(dataclasses.replace(config, loop=dataclasses.replace(config.loop, model_dir=str(tmp_path / "b"))))
     assert resumed["weights_sha256"] == reference["weights_sha256"]

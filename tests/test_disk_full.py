@@ -56,7 +56,7 @@ def test_a_full_disk_ends_the_run_cleanly_and_the_rerun_resumes_bitwise(tmp_path
     subprocess.run(["mount", "-o", "remount,size=200m", str(small_disk)], check=True)
     resumed = _trainer(small_disk / "run")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {small_disk / 'run'}/ckpt-{last} at step {last}" in resumed.stdout
+    assert f"resumed from {small_disk / 'run' / 'checkpoints'}/ckpt-{last} at step {last}" in resumed.stdout
     metrics = json.loads((small_disk / "run" / "metrics.json").read_text())
     expected = json.loads((tmp_path / "reference" / "metrics.json").read_text())
     assert metrics["weights_sha256"] == expected["weights_sha256"]

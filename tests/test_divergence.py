@@ -41,7 +41,7 @@ def test_huge_learning_rate_stops_within_one_update(make_config, tmp_path, updat
     ) as e:
         train(config)
     bad_step = int(e.value.args[0].split("at step ")[1].split(";")[0])
-    latest = tf.train.latest_checkpoint(str(tmp_path / "run"))
+    latest = tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints"))
     # every step before the bad one was checkpointed (keep 1): exactly the last finite one is on disk
     assert latest is not None and latest.endswith(f"ckpt-{bad_step - 1}")
     assert _checkpoint_weights_finite(latest)

@@ -88,7 +88,8 @@ def test_sigterm_to_every_task_checkpoints_once_and_resumes_bitwise(tmp_path, re
     assert job.wait(120) == [75, 75], job.output(0)[-3000:]
     stopped = [line for line in job.output(0).splitlines() if line.startswith("stopped by")]
     assert len(stopped) == 1 and "checkpoint" in stopped[0], job.output(0)[-2000:]
-    saved = sorted(f for f in os.listdir(tmp_path / "run") if f.startswith("ckpt-") and f.endswith(".index"))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    saved = sorted(f for f in os.listdir(checkpoints) if f.startswith("ckpt-") and f.endswith(".index"))
     assert len(saved) == 1  # the stop's checkpoint, from the chief alone
     assert "ended the run with exit code 75" in job.output(1)
     rerun = Job(tmp_path / "run", tf_config_envs(2), 2, *LAYOUT, "--checkpoint_every_steps=0")
@@ -121,7 +122,8 @@ def test_a_dead_worker_ends_the_chief_naming_it_and_a_rerun_resumes(tmp_path):
     assert f"worker task 1 ({worker})" in job.output(0)
     with open(tmp_path / "run" / "attempts.json") as f:
         assert json.load(f)[-1]["outcome"].startswith("failed: ")
-    saved = max(int(f[5:-6]) for f in os.listdir(tmp_path / "run") if f.startswith("ckpt-") and f.endswith(".index"))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    saved = max(int(f[5:-6]) for f in os.listdir(checkpoints) if f.startswith("ckpt-") and f.endswith(".index"))
     rerun = Job(tmp_path / "run", tf_config_envs(2), 1, *flags[:1], f"--train_steps={saved + 2}")
     assert rerun.wait() == [0, 0], rerun.output(0)[-3000:]
     assert f"at step {saved}" in rerun.output(0)

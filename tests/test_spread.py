@@ -53,12 +53,12 @@ def test_slots_live_with_their_variables(make_config, tmp_path):
 
 def test_resume_under_another_placement_gives_the_same_bits(make_config, tmp_path):
     full = _train(make_config, tmp_path, "run", "gpu", 2, checkpoint_every_steps=3)
-    run_dir = tmp_path / "run"
+    checkpoints = tmp_path / "run" / "checkpoints"
     # A run killed after its step-3 checkpoint: step 6's is gone, the state file names ckpt-3.
-    for name in os.listdir(run_dir):
+    for name in os.listdir(checkpoints):
         if name.startswith(f"ckpt-{STEPS}."):
-            os.remove(run_dir / name)
-    tf.compat.v1.train.update_checkpoint_state(str(run_dir), str(run_dir / "ckpt-3"))
+            os.remove(checkpoints / name)
+    tf.compat.v1.train.update_checkpoint_state(str(checkpoints), str(checkpoints / "ckpt-3"))
     resumed = _train(make_config, tmp_path, "run", "spread", 4, checkpoint_every_steps=3)
     assert resumed["attempts"][-1]["resumed_from_step"] == 3
     assert resumed["global_step"] == STEPS

@@ -66,7 +66,7 @@ def _kill_when(predicate, signum=signal.SIGTERM, timeout_sec=60.0):
 
 
 def _latest_step(model_dir) -> int:
-    return int(tf.train.latest_checkpoint(str(model_dir)).rsplit("-", 1)[1])
+    return int(tf.train.latest_checkpoint(str(model_dir / "checkpoints")).rsplit("-", 1)[1])
 
 
 @pytest.mark.parametrize("update_mode", ["sync", "async"])
@@ -171,4 +171,4 @@ def test_cli_signal_during_imports_exits_resumable(tmp_path):
     output, _ = process.communicate(timeout=120)
     assert process.returncode == stop_lib.EXIT_RESUMABLE, output[-2000:]
     assert "stopped by SIGTERM before the model was built; nothing to save" in output
-    assert not os.path.exists(tmp_path / "run" / "checkpoint")
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")

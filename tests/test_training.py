@@ -54,7 +54,7 @@ def test_digits_reach_95_percent_and_leave_every_output(make_config, tmp_path):
         )
     assert (on_disk["global_step"], on_disk["num_towers"], on_disk["micro_batches"]) == (300, 2, 2)
     assert len(on_disk["weights_sha256"]) == 64 and on_disk["examples_per_sec"] > 0
-    assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-300")
+    assert tf.train.latest_checkpoint(str(run / "checkpoints")).endswith("ckpt-300")
     exported = tf.saved_model.load(str(run / "export" / "300"))  # one version directory per final step
     images, labels = next(
         iter(data.make_dataset(data.inspect_records(data.ensure_digits()[1]), batch_size=360, training=False))
@@ -87,7 +87,9 @@ def test_event_files_hold_scalars_histograms_and_hparams(make_config, tmp_path):
         sum(t.startswith("gradients/") for t in tags) == 10
     )  # cnn: 2 conv kernels, 2 BN (gamma, beta), 2 dense (kernel, bias)
     assert [e.step for e in train_events.Tensors("gradients/000_conv1/kernel")] == [5, 10]
-    assert "_hparams_/session_start_info" in tags
+    # the run's settings and the towers' chart layout sit in model_dir itself, the HParams session
+    run_tags = set(_events(tmp_path / "run").Tags()["tensors"])
+    assert {"_hparams_/session_start_info", "_hparams_/experiment", "custom_scalars__config__"} <= run_tags
     eval_events = _events(tmp_path / "run" / "eval")
     assert [e.step for e in eval_events.Tensors("accuracy")] == [10]
 
@@ -97,7 +99,7 @@ def test_rerun_resumes_and_continues_the_step_count(make_config, tmp_path):
     assert first["global_step"] == 10
     second = train(make_config(loop={"train_steps": 16, "checkpoint_every_steps": 5}))
     assert second["global_step"] == 16
-    checkpoints = tf.train.get_checkpoint_state(str(tmp_path / "run")).all_model_checkpoint_paths
+    checkpoints = tf.train.get_checkpoint_state(str(tmp_path / "run" / "checkpoints")).all_model_checkpoint_paths
     assert [os.path.basename(p) for p in checkpoints] == ["ckpt-10", "ckpt-15", "ckpt-16"]  # keep 3
 
 

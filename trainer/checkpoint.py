@@ -27,7 +27,8 @@ class Checkpointer:
     """Saves and restores the training state in `model_dir`.
 
     Args:
-      model_dir: directory of the run; checkpoints are `model_dir/ckpt-<step>`.
+      model_dir: directory of the run; checkpoints are `model_dir/checkpoints/ckpt-<step>` (see
+        `trainer.checkpoint_files` for why not in `model_dir` itself).
       keep: how many of the newest checkpoints to keep.
       step: the global step variable; checkpoints are numbered by it.
       log: callable taking one line of text: what a resume skipped, repaired or removed.
@@ -36,6 +37,7 @@ class Checkpointer:
 
     def __init__(self, model_dir: str, keep: int, step: tf.Variable, log=print, **objects):
         self.model_dir = model_dir
+        self.directory = files.directory(model_dir)
         self.keep = keep
         self.step = step
         self.log = log
@@ -48,14 +50,15 @@ class Checkpointer:
         """Built on first use: it reads the state file once, so only after `restore_latest` repaired it."""
         if self._manager is None:
             self._manager = tf.train.CheckpointManager(
-                self.checkpoint, self.model_dir, max_to_keep=self.keep, step_counter=self.step
+                self.checkpoint, self.directory, max_to_keep=self.keep, step_counter=self.step
             )
         return self._manager
 
     def restore_latest(self) -> str | None:
         """Restores the newest checkpoint that reads back whole, if any; returns its path.
 
-        First removes what interrupted saves left and repairs the state file (a missing or garbled one is
+        First moves the checkpoints of a run that kept them in `model_dir` into `checkpoints/`, removes what
+        interrupted saves left and repairs the state file (a missing or garbled one is
         rebuilt from the checkpoints on disk), saying so through `log`. Newer checkpoints that do not read back
         whole are skipped, each with a line saying why; they are the first to be rotated away. With none that
         reads back whole, the run starts from step 0.
@@ -66,10 +69,14 @@ class Checkpointer:
           tf.errors.OpError: the storage cannot be read now (permission denied, unavailable, ...).
         """
         self._manager = None
-        candidates = _tidy(self.model_dir, self.log) if os.path.isdir(self.model_dir) else []
+        if os.path.isdir(self.model_dir):
+            moved = files.move_from_model_dir(self.model_dir)
+            if moved:
+                self.log(f"moved the checkpoint files {', '.join(moved)} from {self.model_dir} to {self.directory}")
+        candidates = _tidy(self.directory, self.log) if os.path.isdir(self.directory) else []
         skipped = []
         for name in sorted(candidates, key=files.number, reverse=True):
-            problem = files.unreadable(os.path.join(self.model_dir, name))
+            problem = files.unreadable(os.path.join(self.directory, name))
             if problem is None:
                 path = self._restore(name)
                 if skipped:
@@ -80,11 +87,11 @@ class Checkpointer:
             skipped.append(name)
         if skipped:
             self._rotate_away_first(skipped, candidates)
-            self.log(f"no checkpoint in {self.model_dir} reads back whole; starting from step 0")
+            self.log(f"no checkpoint in {self.directory} reads back whole; starting from step 0")
         return None
 
     def _restore(self, name: str) -> str:
-        path = os.path.join(self.model_dir, name)
+        path = os.path.join(self.directory, name)
         try:
             self.checkpoint.restore(path).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
@@ -101,16 +108,16 @@ class Checkpointer:
         """Lists the skipped checkpoints as the oldest in the state file, so the manager deletes them first
         (or overwrites them when it saves their step again) and never takes one for the newest."""
         skipped = sorted(skipped, key=files.number)
-        state, _ = files.read_state(self.model_dir)
+        state, _ = files.read_state(self.directory)
         names = skipped + [n for n in candidates if n not in skipped]
-        files.write_state(self.model_dir, names, state.timestamps if state else {})
+        files.write_state(self.directory, names, state.timestamps if state else {})
 
     def save(self) -> str:
         """Saves at the current step (a no-op when that step is the one restored or last saved); returns the
         path."""
         step = int(self.step.numpy())
         if step == self.saved_step:
-            return os.path.join(self.model_dir, f"ckpt-{step}")
+            return os.path.join(self.directory, f"ckpt-{step}")
         path = self.manager.save(checkpoint_number=step)
         self.saved_step = step
         return path

@@ -1,6 +1,12 @@
 """The files of a checkpoint directory: the `checkpoint` state file, the checkpoints `ckpt-<N>` on disk, the
 leftovers of interrupted saves, and whether a checkpoint reads back whole.
 
+A run's checkpoints live in `model_dir/checkpoints/`, not in `model_dir` itself: TensorBoard's Projector
+takes the newest checkpoint of the logdir and of every run directory (any directory with event files, and
+`model_dir` is one: it holds the hparams session) for embeddings, and shows every 2-D variable and Keras 3
+optimizer slot as one. `checkpoints/` holds no event files, so TensorBoard never looks there. Older runs kept
+them in `model_dir`; `move_from_model_dir` moves them over on resume.
+
 What TensorFlow 2.21 writes, and what it notices of damage (measured by damaging checkpoints of the cnn and
 mlp runs one byte at a time; tests/test_checkpoint_faults.py keeps one case of each kind):
 - A checkpoint `ckpt-N` is `ckpt-N.index` (an SSTable with block checksums) and `ckpt-N.data-00000-of-00001`
@@ -32,6 +38,7 @@ from google.protobuf import text_format
 from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
 
 STATE_FILE = "checkpoint"
+DIRECTORY = "checkpoints"  # under model_dir
 _CHECKPOINT = re.compile(r"ckpt-(\d+)")
 _DATA_FILE = re.compile(r"(ckpt-\d+)\.data-\d{5}-of-\d{5}")
 _TEMP_DIR = re.compile(r"ckpt-\d+_temp")
@@ -49,6 +56,43 @@ _STORAGE_ERRORS = (
     tf.errors.UNAUTHENTICATED,
 )
 _DATA_PROBLEMS = {tf.errors.OUT_OF_RANGE: "data file truncated", tf.errors.NOT_FOUND: "data file missing"}
+
+
+def directory(model_dir: str) -> str:
+    """Where the checkpoints of the run in `model_dir` live."""
+    return os.path.join(model_dir, DIRECTORY)
+
+
+def any_saved(model_dir: str) -> bool:
+    """Whether the run in `model_dir` has saved a checkpoint (in `checkpoints/`, or in `model_dir` itself as
+    runs did before)."""
+    return any(indexed(d) for d in (directory(model_dir), model_dir) if os.path.isdir(d))
+
+
+def move_from_model_dir(model_dir: str) -> list[str]:
+    """Moves the checkpoint files that runs before `checkpoints/` kept in `model_dir` (checkpoints, state
+    file, leftovers of interrupted saves) into `checkpoints/`, unless `checkpoints/` has a state file of its
+    own. One rename per file, the state file last, so a kill in between leaves every file whole in one of the
+    two places and the state file still in `model_dir`: the next resume moves the rest. Returns the names
+    moved."""
+    target = directory(model_dir)
+    if os.path.exists(os.path.join(target, STATE_FILE)):
+        return []
+    names = sorted(n for n in os.listdir(model_dir) if n == STATE_FILE or _checkpoint_file(n))
+    if names:
+        os.makedirs(target, exist_ok=True)
+    for name in sorted(names, key=lambda n: n == STATE_FILE):
+        os.replace(os.path.join(model_dir, name), os.path.join(target, name))
+    return names
+
+
+def _checkpoint_file(name: str) -> bool:
+    return bool(
+        _TEMP_DIR.fullmatch(name)
+        or _TEMP_FILE.fullmatch(name)
+        or _DATA_FILE.fullmatch(name)
+        or (name.endswith(".index") and _CHECKPOINT.fullmatch(name[: -len(".index")]))
+    )
 
 
 def number(name: str) -> int:

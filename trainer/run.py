@@ -24,7 +24,7 @@ from trainer import banner, determinism, devices, distributed, optim, report, ru
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
-from trainer.config import RunConfig, flatten, validate
+from trainer.config import RunConfig, validate
 from trainer.evaluate import Evaluator
 from trainer.export import export_saved_model
 from trainer.inputs import Inputs, eval_dataset_fn, resolve_inputs, train_iterators
@@ -151,7 +151,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     """Runs the loop, recording the attempt's progress at every checkpoint."""
     placement = state.placement
     summaries = Summaries(config.loop.model_dir, [placement.tower_tag(i) for i in range(len(placement.towers))])
-    summaries.hparams(hparams(config))
+    summaries.hparams(config)
     trainable = state.model.trainable_variables
 
     def on_checkpoint(step: int) -> None:
@@ -366,11 +366,6 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
             max_staleness=t.max_staleness,
         )
     return metrics
-
-
-def hparams(config: RunConfig) -> dict:
-    """The run's settings, flattened (`towers.num_towers`, `optimizer.learning_rate`, ...) for TensorBoard."""
-    return flatten(config)
 
 
 def _log_line(text: str) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import glob
 import json
 import os
 import socket
 
-from trainer import report
+from trainer import checkpoint_files, report
 from trainer.config import ConfigError, RunConfig, flatten
 
 LOCK_FILE = ".lock"
@@ -121,7 +120,7 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
     model_dir = config.loop.model_dir
     path = os.path.join(model_dir, RUN_FILE)
     current = defining_settings(config)
-    has_checkpoint = bool(glob.glob(os.path.join(model_dir, "ckpt-*.index")))
+    has_checkpoint = checkpoint_files.any_saved(model_dir)
     if has_checkpoint and os.path.exists(path):
         with open(path) as f:
             # a setting newer than the recorded run had its default value then

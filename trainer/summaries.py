@@ -1,8 +1,17 @@
-"""TensorBoard output: scalars, gradient/weight histograms, and the run's flags as hparams.
+"""TensorBoard output: scalars, gradient/weight histograms, the run's settings as hparams, and a chart layout.
 
 Tags are stable: a variable's tag comes from its position and its path with Keras's global layer counters
 removed (`dense_3/kernel` -> `dense/kernel`), so two runs of the same model write the same tags whatever
 else the process built before.
+
+Where things go, and why (read off TensorBoard 2.21's plugins):
+- `model_dir/train`, `model_dir/eval`: scalars and histograms, one TensorBoard run each.
+- `model_dir` itself: the hparams session and experiment, and the custom-scalars layout. The hparams plugin
+  finds a session's metric (group, tag) in the run `<session run>/<group>`, so with the session in
+  `model_dir`, `eval/accuracy` is the eval run's `accuracy`. This makes `model_dir` a run too, which is why
+  checkpoints live in `model_dir/checkpoints/` (`trainer.checkpoint_files`).
+- The experiment (the HParams table's columns) is the same in every run: TensorBoard shows the one of an
+  arbitrary run, so it lists every setting any run may record; a run records only those that apply to it.
 """
 
 from __future__ import annotations
@@ -13,10 +22,18 @@ import re
 
 import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from trainer import config as cfg
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
+# Records a run writes anew at every start; a resume drops the old ones.
+_REWRITTEN_PLUGINS = ("hparams", "custom_scalars")
+TOWER_CHART_REGEX = r"tower_step_sec/.*"
 
 
 def variable_tags(variables) -> list[str]:
@@ -25,15 +42,18 @@ def variable_tags(variables) -> list[str]:
 
 
 def purge_events(model_dir: str, after_step: int) -> int:
-    """Drops, from the event files of model_dir/train and model_dir/eval, every event past `after_step` and
-    every hparams record, so that a resumed run's steps stay strictly increasing per tag and its settings are
-    recorded once (the resumed run writes them anew). Returns how many events past `after_step` it dropped.
+    """Drops, from the event files of model_dir (train/, eval/ and model_dir itself), every event past
+    `after_step` and every hparams and custom-scalars record, so that a resumed run's steps stay strictly
+    increasing per tag and its settings are recorded once (the resumed run writes them anew, with the new
+    `--train_steps`). Returns how many events past `after_step` it dropped.
 
     Files are rewritten only when they hold such events, each to a temporary file then renamed over the
     original: a kill in between leaves the old file or the new one, never half of either.
     """
     dropped = 0
-    for path in sorted(tf.io.gfile.glob(os.path.join(model_dir, "*", "events.out.tfevents.*"))):
+    pattern = "events.out.tfevents.*"
+    paths = tf.io.gfile.glob(os.path.join(model_dir, pattern)) + tf.io.gfile.glob(os.path.join(model_dir, "*", pattern))
+    for path in sorted(paths):
         if path.endswith(".purging"):
             continue
         events = [event_pb2.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
@@ -51,7 +71,7 @@ def purge_events(model_dir: str, after_step: int) -> int:
 def _purged(event, after_step: int) -> bool:
     if event.step > after_step:
         return True
-    return any(v.metadata.plugin_data.plugin_name == "hparams" for v in event.summary.value)
+    return any(v.metadata.plugin_data.plugin_name in _REWRITTEN_PLUGINS for v in event.summary.value)
 
 
 def histogram_buckets(values, bucket_count: int = 30):
@@ -75,10 +95,11 @@ def _histogram(tag: str, values) -> None:
 
 
 class Summaries:
-    """Event writers for `model_dir/train` and `model_dir/eval`."""
+    """Event writers for `model_dir/train`, `model_dir/eval` and (hparams, layout) `model_dir`."""
 
     def __init__(self, model_dir: str, tower_tags: list[str] | None = None):
         self.tower_tags = tower_tags  # names of the per-tower scalars; None: tower_<i>
+        self.run = tf.summary.create_file_writer(model_dir)
         self.train = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
         self._histogram_fns: dict = {}  # graph-built histogram writers, one per list of tags
         self.eval = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
@@ -119,13 +140,118 @@ class Summaries:
         with self.train.as_default(step=step):
             tf.summary.histogram("staleness", tf.constant(values, tf.float32))
 
-    def hparams(self, values: dict) -> None:
-        """Records the run's flags with the hparams plugin (scalars, strings and bools as they are)."""
-        clean = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in values.items()}
-        with self.train.as_default():
-            hp.hparams(clean)
-        self.train.flush()
+    def hparams(self, config: cfg.RunConfig) -> None:
+        """Records, in `model_dir`, the experiment (hparam and metric columns), this run's settings
+        (`run_hparams`) and the custom-scalars layout that charts every tower's step time together. Called
+        once per start; `purge_events` drops the previous start's records."""
+        with self.run.as_default(step=0):
+            tf.summary.experimental.write_raw_pb(_experiment().SerializeToString(), step=0)
+            # The trial ID column shows the model_dir's name, not a hash of the settings.
+            hp.hparams(run_hparams(config), trial_id=os.path.basename(os.path.normpath(config.loop.model_dir)))
+            tf.summary.experimental.write_raw_pb(custom_scalar_summary.pb(_layout()).SerializeToString(), step=0)
+        self.run.flush()
 
     def close(self) -> None:
         self.train.close()
         self.eval.close()
+        self.run.close()
+
+
+def run_hparams(config: cfg.RunConfig) -> dict:
+    """The settings that define the run, resolved (K micro-batches, not the 0 that means one per tower;
+    towers of every task; `float32` for no mixed precision), and the current `--train_steps`. Settings that
+    do not apply to the run (momentum of adam, staleness bound of sync) are left out, not recorded as None."""
+    t, o = config.towers, config.optimizer
+    values = {
+        "model": config.model.name,
+        "optimizer": o.name,
+        "learning_rate": o.learning_rate,
+        "lr_schedule": o.schedule,
+        "warmup_steps": o.warmup_steps,
+        "clip_global_norm": o.clip_global_norm,
+        "global_batch_size": t.global_batch_size,
+        "micro_batches": t.num_micro_batches,
+        "micro_batch_size": t.micro_batch_size,
+        "towers": t.total_towers,
+        "num_tasks": t.num_tasks,
+        "update_mode": t.update_mode,
+        "precision": t.mixed_precision or "float32",
+        # "gpu" means the first tower's device, a CPU with --device=cpu
+        "parameter_device": t.device if t.parameter_device == "gpu" else t.parameter_device,
+        "xla": t.jit_compile,
+        "deterministic": config.deterministic,
+        "seed": config.seed,
+        "train_steps": config.loop.train_steps,
+    }
+    if o.name == "momentum":
+        values["momentum"] = o.momentum
+    if o.name == "adamw":
+        values["weight_decay"] = o.weight_decay
+    if o.schedule == "piecewise":
+        values["lr_boundaries"] = ",".join(str(b) for b in o.boundaries)
+        values["lr_values"] = ",".join(str(v) for v in o.values)
+    if t.update_mode == "async":
+        values["max_staleness"] = t.max_staleness
+    return values
+
+
+def _hparam(name: str, description: str, choices=None) -> hp.HParam:
+    # A domain only where it holds every value any run can record: TensorBoard shows one run's experiment
+    # for all, and a domain of that run's own values would filter the other runs out.
+    return hp.HParam(name, hp.Discrete(list(choices)) if choices else None, description=description)
+
+
+EXPERIMENT_HPARAMS = [
+    _hparam("model", "--model"),
+    _hparam("optimizer", "--optimizer", cfg.OPTIMIZERS),
+    _hparam("learning_rate", "--learning_rate (peak, before the schedule)"),
+    _hparam("lr_schedule", "--lr_schedule", cfg.SCHEDULES),
+    _hparam("warmup_steps", "--warmup_steps"),
+    _hparam("lr_boundaries", "--lr_boundaries (piecewise)"),
+    _hparam("lr_values", "--lr_values (piecewise)"),
+    _hparam("momentum", "--momentum (momentum optimizer)"),
+    _hparam("weight_decay", "--weight_decay (adamw)"),
+    _hparam("clip_global_norm", "--clip_global_norm (0: none)"),
+    _hparam("global_batch_size", "--global_batch_size: examples per step"),
+    _hparam("micro_batches", "K, resolved: --micro_batches, or one per tower"),
+    _hparam("micro_batch_size", "examples per micro-batch: global batch / K"),
+    _hparam("towers", "towers of the whole run: --num_gpus x tasks"),
+    _hparam("num_tasks", "machines (tasks) of the run"),
+    _hparam("update_mode", "--update_mode", cfg.UPDATE_MODES),
+    _hparam("max_staleness", "--max_staleness (async; negative: unbounded)"),
+    _hparam("precision", "--mixed_precision", ("float32", *cfg.MIXED_PRECISION[1:])),
+    _hparam("parameter_device", "--parameter_device", cfg.PARAMETER_DEVICES),
+    _hparam("xla", "--xla", (False, True)),
+    _hparam("deterministic", "--deterministic", (False, True)),
+    _hparam("seed", "--seed"),
+    _hparam("train_steps", "--train_steps: the run's current target"),
+]
+# Shown in the HParams table at first (it shows 5, settings marked `differs` first; the user ticks others).
+HEADLINE_HPARAMS = ("model", "optimizer", "learning_rate", "global_batch_size", "micro_batches")
+EXPERIMENT_METRICS = [
+    hp.Metric("accuracy", group="eval", display_name="eval accuracy", dataset_type=hp.Metric.VALIDATION),
+    hp.Metric("loss", group="eval", display_name="eval loss", dataset_type=hp.Metric.VALIDATION),
+    hp.Metric("accuracy", group="train", display_name="train accuracy", dataset_type=hp.Metric.TRAINING),
+    hp.Metric("loss", group="train", display_name="train loss", dataset_type=hp.Metric.TRAINING),
+]
+
+
+def _experiment():
+    """The experiment summary, with the headline settings marked `differs`: a run cannot know which settings
+    differ between the runs of a logdir, and TensorBoard displays those marked first."""
+    summary = hp.hparams_config_pb(hparams=EXPERIMENT_HPARAMS, metrics=EXPERIMENT_METRICS)
+    plugin_data = summary.value[0].metadata.plugin_data
+    content = plugin_data_pb2.HParamsPluginData.FromString(plugin_data.content)
+    for info in content.experiment.hparam_infos:
+        info.differs = info.name in HEADLINE_HPARAMS
+    plugin_data.content = content.SerializeToString()
+    return summary
+
+
+def _layout() -> layout_pb2.Layout:
+    """Custom Scalars: one chart with a line per tower (TensorBoard's Scalars tab gives each tag its own card)."""
+    chart = layout_pb2.Chart(
+        title="tower_step_sec: seconds per step of each tower",
+        multiline=layout_pb2.MultilineChartContent(tag=[TOWER_CHART_REGEX]),
+    )
+    return layout_pb2.Layout(category=[layout_pb2.Category(title="towers", chart=[chart])])
