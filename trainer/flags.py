@@ -16,6 +16,7 @@ def define_flags() -> None:
         return
     _define_tower_flags()
     _define_data_flags()
+    _define_augment_flags()
     _define_optimizer_flags()
     _define_loop_flags()
     _define_resume_flags()
@@ -116,6 +117,34 @@ def _define_data_flags() -> None:
         "Corrupt training records (bad CRC, truncated file) to skip before failing, each with the rest of its "
         "file, which the reader cannot resynchronise on; each is named on stderr once. A record that does not "
         "parse or decode, a label outside [0, --num_classes) and any bad eval record always fail the run.",
+    )
+
+
+def _define_augment_flags() -> None:
+    flags.DEFINE_enum(
+        "augment",
+        "auto",
+        list(cfg.AUGMENTS),
+        "Training-image augmentation, random but keyed on each example's position in the run, so "
+        "--deterministic still holds. flip: horizontal flip. crop_flip: pad H/8 (4 px at 32x32), random crop, "
+        "flip. imagenet: random-resized crop (area 8-100%, aspect 3/4-4/3; a JPEG decodes only the crop) to "
+        "the image size, flip; eval takes the central 87.5%. auto: crop_flip for resnet20, imagenet for "
+        "resnet50, none otherwise (flipped digits change meaning) and for dense records.",
+    )
+    flags.DEFINE_string(
+        "normalize",
+        "none",
+        "Per-channel normalization of [0, 1] pixels, after augmentation, in training and eval: none, imagenet "
+        "(ImageNet's RGB mean and std), or MEAN,STD as numbers: the means, then the stds, one per channel "
+        "(0.49,0.48,0.45,0.25,0.24,0.26) or one for all (0.5,0.25).",
+    )
+    flags.DEFINE_enum(
+        "cache",
+        "auto",
+        list(cfg.CACHES),
+        "memory: decode each training image once and keep it in memory (augmentation runs after the cache; "
+        "same batches as none). auto: memory when the decoded training images take under 2 GiB (estimated "
+        "from the file sizes and the first record), else none. Dense records are never cached.",
     )
 
 
@@ -241,6 +270,9 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.shuffle_buffer,
             f.eval_batch_size,
             f.max_bad_records,
+            augment=f.augment,
+            normalize=f.normalize,
+            cache=f.cache,
         ),
         model=cfg.ModelConfig(f.model),
         optimizer=cfg.OptimizerConfig(
