@@ -179,7 +179,8 @@ def _dense_parser(schema: DenseSchema, shape: tuple[int, ...], num_classes: int 
         schema.label_key: tf.io.FixedLenFeature([], tf.int64),
     }
 
-    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def parse(serialized: tf.Tensor, positions: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        del positions  # dense records are never augmented
         example = tf.io.parse_example(serialized, spec)
         return example[schema.feature_key], _labels(example[schema.label_key], schema.label_offset, num_classes)
 
