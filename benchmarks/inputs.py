@@ -24,8 +24,11 @@ _SEED = 0
 
 
 def data_config(setting: Setting, records: dict) -> DataConfig:
-    """The records of `setting` (globs found by the parent) as towerflow's DataConfig."""
-    return DataConfig(train_data=records["train"], eval_data=records["eval"], num_classes=setting.num_classes)
+    """The records of `setting` (globs found by the parent) as towerflow's DataConfig. No augmentation: the
+    memory sides hold unaugmented batches, and the figure compares reading with not reading."""
+    return DataConfig(
+        train_data=records["train"], eval_data=records["eval"], num_classes=setting.num_classes, augment="none"
+    )
 
 
 @functools.lru_cache(maxsize=4)

@@ -9,16 +9,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
+from data.schema import DataError, DenseSchema, ImageSchema, Preprocess, RecordInfo
 
 if TYPE_CHECKING:
+    from data.cache import AUTO_CACHE_BYTES, DecodedRecords, estimated_bytes
     from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
     from data.integrity import BadRecords
-    from data.reader import inspect_records, list_files, make_dataset
+    from data.reader import decode_share, inspect_records, list_files, make_dataset
     from data.writer import write_dense_records, write_image_records
 
 _LAZY = {
+    "AUTO_CACHE_BYTES": "data.cache",
+    "DecodedRecords": "data.cache",
+    "decode_share": "data.reader",
+    "estimated_bytes": "data.cache",
     "BadRecords": "data.integrity",
     "check_records": "data.check",
     "find_bad_record": "data.check",
@@ -31,12 +36,17 @@ _LAZY = {
 }
 
 __all__ = [
+    "AUTO_CACHE_BYTES",
+    "DecodedRecords",
+    "Preprocess",
+    "estimated_bytes",
     "BadRecords",
     "DataError",
     "DenseSchema",
     "ImageSchema",
     "RecordInfo",
     "check_records",
+    "decode_share",
     "ensure_digits",
     "find_bad_record",
     "inspect_records",

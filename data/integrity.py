@@ -32,7 +32,7 @@ from data import check
 from data.schema import DataError, RecordInfo
 
 # Records per chunk of the byte count: one function call (~70 us here) per chunk instead of per record.
-_CHUNK = 64
+CHUNK = 64
 # Key of a corrupt record = file id * _FILE_STRIDE + record index, the file id a fingerprint of its path:
 # keys restored from a checkpoint then name the same files in a new process, whatever the order of the glob.
 _FILE_STRIDE = 1 << 32
@@ -119,7 +119,7 @@ class BadRecords:
 
     def _read_file(self, file_id: tf.Tensor, path: tf.Tensor, size: tf.Tensor) -> tf.data.Dataset:
         # ignore_errors: a damaged frame ends this file's records instead of the whole pipeline.
-        chunks = tf.data.TFRecordDataset(path).ignore_errors().batch(_CHUNK)
+        chunks = tf.data.TFRecordDataset(path).ignore_errors().batch(CHUNK)
         # An empty chunk marks the end (`batch` never makes one): there the byte count must equal the size.
         chunks = chunks.concatenate(tf.data.Dataset.from_tensors(tf.zeros([0], tf.string)))
 

@@ -2,66 +2,175 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import tensorflow as tf
 
+from data import augment as augment_lib
 from data import schema as schema_lib
-from data.schema import DenseSchema, ImageSchema, RecordInfo
+from data.schema import DenseSchema, ImageSchema, Preprocess, RecordInfo
+
+if TYPE_CHECKING:
+    from data.cache import DecodedRecords
 
 # Images of one batch decoded concurrently; the loop overhead, not the decoding, limits small images.
-_DECODE_PARALLELISM = 32
+_PARALLELISM = 32
 
 
-def batch_parser(info: RecordInfo, num_classes: int | None, decode: bool = True):
-    """Returns `parse(serialized [B] string) -> (features, labels int32 [B])` for `info`'s schema.
+def batch_parser(
+    info: RecordInfo,
+    num_classes: int | None,
+    decode: bool = True,
+    *,
+    preprocess: Preprocess | None = None,
+    training: bool = False,
+    stream_key: tf.Tensor | None = None,
+):
+    """Returns `parse(serialized [B] string, positions [B, 2] int64 = None) -> (features, labels int32 [B])`.
 
-    Images become float32 [B, H, W, C] in [0, 1]; dense records float32 [B, D]. Parsing fails (a
-    `tf.errors.InvalidArgumentError` naming no record) on a record that is not an Example, lacks a key, holds
-    an image that does not decode or has another size than the first record (without image_size), or
-    whose label after label_offset is outside [0, num_classes).
+    Images become float32 [B, H, W, C]: pixels in [0, 1], augmented when `training` (`data.augment`, each
+    example keyed on `stream_key` and its (epoch, record) position), then normalized; dense records float32
+    [B, D]. Parsing fails (a `tf.errors.InvalidArgumentError` naming no record) on a record that is not an
+    Example, lacks a key, holds an image that does not decode or has another size than the first record
+    (without image_size), or whose label after label_offset is outside [0, num_classes).
 
     Args:
         info: The schema and the example shape.
         num_classes: Bound of the label check; None: unchecked.
         decode: False skips decoding images (the features are then the encoded strings): a cheap check.
+        preprocess: Augmentation (training only) and normalization of images; None: neither.
+        training: Whether to augment (then `parse` needs the positions).
+        stream_key: The input stream's key (`data.augment.stream_key`); needed to augment.
     """
     if isinstance(info.schema, DenseSchema):
         return _dense_parser(info.schema, info.example_shape, num_classes)
-    return _image_parser(info.schema, info.example_shape, num_classes, decode)
-
-
-def _image_parser(schema: ImageSchema, shape: tuple[int, ...], num_classes: int | None, decode: bool):
-    height, width, channels = shape
+    preprocess = preprocess or Preprocess()
+    random = _is_random(preprocess, training, stream_key)
+    images_of = _per_image(_image_loader(info.schema, info.example_shape, preprocess.augment, random), info)
+    finish = _finisher(preprocess, random, stream_key)
     spec = {
         schema_lib.IMAGE_ENCODED_KEY: tf.io.FixedLenFeature([], tf.string),
         schema_lib.IMAGE_LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
     }
+
+    def parse(serialized: tf.Tensor, positions: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        example = tf.io.parse_example(serialized, spec)
+        labels = _labels(example[schema_lib.IMAGE_LABEL_KEY], info.schema.label_offset, num_classes)
+        encoded = example[schema_lib.IMAGE_ENCODED_KEY]
+        if not decode:
+            return encoded, labels
+        return finish(images_of, encoded, positions), labels
+
+    return parse
+
+
+def cached_parser(records: DecodedRecords, info: RecordInfo, preprocess: Preprocess, stream_key: tf.Tensor):
+    """Returns `parse(ids [B] int64, positions [B, 2] int64) -> (features, labels)` over decoded `records`:
+    the values `batch_parser(..., training=True)` gives for the same records, without parsing or decoding."""
+    random = _is_random(preprocess, True, stream_key)
+    load = _image_loader(info.schema, info.example_shape, preprocess.augment, random, records)
+    finish = _finisher(preprocess, random, stream_key)
+    if records.images is None or preprocess.augment == "imagenet" or info.schema.image_size is not None:
+        images_of = _per_image(load, info)
+    else:  # every image has the example shape: one gather reads the batch, then only the random steps run
+
+        def images_of(ids, keys):
+            images = tf.cast(tf.gather(records.images, ids), tf.float32)
+            if not random:
+                return images
+            return _map_images(lambda args: augment_lib.randomize(args[0], preprocess.augment, args[1]), images, keys)
+
+    return lambda ids, positions: (finish(images_of, ids, positions), tf.gather(records.labels, ids))
+
+
+def raw_image_parser(info: RecordInfo, num_classes: int | None):
+    """Returns `parse(serialized [B]) -> (pixels uint8, shapes int32 [B, 3], labels int32 [B])` for the
+    cache: every image decoded at its stored size, its bytes end to end in `pixels`."""
+    channels = info.example_shape[-1]
+    parse = batch_parser(info, num_classes, decode=False)
+
+    def decode(encoded):
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        return tf.reshape(image, [-1]), tf.shape(image)
+
+    def parse_raw(serialized):
+        encoded, labels = parse(serialized)
+        signature = (tf.RaggedTensorSpec([None], tf.uint8, ragged_rank=0), tf.TensorSpec([3], tf.int32))
+        pixels, shapes = tf.map_fn(decode, encoded, fn_output_signature=signature, parallel_iterations=_PARALLELISM)
+        return pixels.flat_values, shapes, labels
+
+    return parse_raw
+
+
+def _is_random(preprocess: Preprocess, training: bool, stream_key) -> bool:
+    random = training and preprocess.augment != "none"
+    if random and stream_key is None:
+        raise ValueError("augmenting training images needs the stream_key their random steps are keyed on")
+    return random
+
+
+def _finisher(preprocess: Preprocess, random: bool, stream_key):
+    """`finish(images_of, sources, positions)`: each example's key, its image in [0, 255] from
+    `images_of(sources, keys)`, then [0, 1] and normalized."""
+    normalize = augment_lib.normalizer(preprocess.mean, preprocess.std)
+
+    def finish(images_of, sources, positions):
+        if random:
+            keys = augment_lib.example_keys(stream_key, positions)
+        else:
+            keys = tf.zeros([tf.shape(sources)[0], 2], tf.int64)
+        return normalize(images_of(sources, keys) / 255.0)
+
+    return finish
+
+
+def _map_images(fn, sources, keys):
+    return tf.map_fn(fn, (sources, keys), fn_output_signature=tf.float32, parallel_iterations=_PARALLELISM)
+
+
+def _per_image(load, info: RecordInfo):
+    def images_of(sources, keys):
+        images = _map_images(lambda args: load(args[0], args[1]), sources, keys)
+        return tf.ensure_shape(images, [None, *info.example_shape])
+
+    return images_of
+
+
+def _image_loader(schema: ImageSchema, shape: tuple[int, ...], augment: str, random: bool, records=None):
+    """`load(source, key) -> float32 [H, W, C] in [0, 255]`: one image decoded from its encoded bytes (or
+    taken from decoded `records` by id), cropped and resized, and its random steps applied when `random`."""
+    height, width, channels = shape
     mismatch = (
         f"an image is not {height}x{width}x{channels} like the first record; pass --image_size=H,W "
         "(ImageSchema.image_size) to resize every image to one size"
     )
 
-    def decode_one(encoded: tf.Tensor) -> tf.Tensor:
-        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+    def decode(source):
+        if records is not None:
+            return records.image(source)
+        return tf.io.decode_image(source, channels=channels, expand_animations=False)
+
+    def to_size(image):
         if schema.image_size is not None:
             return tf.image.resize(image, schema.image_size, method="bilinear")
         check = tf.debugging.assert_equal(tf.shape(image)[:2], [height, width], message=mismatch)
         with tf.control_dependencies([check]):
             return tf.cast(tf.ensure_shape(image, shape), tf.float32)
 
-    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        example = tf.io.parse_example(serialized, spec)
-        labels = _labels(example[schema_lib.IMAGE_LABEL_KEY], schema.label_offset, num_classes)
-        if not decode:
-            return example[schema_lib.IMAGE_ENCODED_KEY], labels
-        images = tf.map_fn(
-            decode_one,
-            example[schema_lib.IMAGE_ENCODED_KEY],
-            fn_output_signature=tf.TensorSpec(shape, tf.float32),
-            parallel_iterations=_DECODE_PARALLELISM,
-        )
-        return images / 255.0, labels
+    def crop_resized(source, key):
+        window_of = augment_lib.random_window(key) if random else augment_lib.center_window
+        if records is None:
+            cropped = augment_lib.decode_crop(source, window_of, channels)
+        else:
+            image = records.image(source)
+            cropped = augment_lib.crop(image, window_of(tf.shape(image)))
+        return tf.ensure_shape(tf.image.resize(cropped, (height, width), method="bilinear"), shape)
 
-    return parse
+    def load(source, key):
+        image = crop_resized(source, key) if augment == "imagenet" else to_size(decode(source))
+        return augment_lib.randomize(image, augment, key) if random else image
+
+    return load
 
 
 def _dense_parser(schema: DenseSchema, shape: tuple[int, ...], num_classes: int | None):
@@ -70,7 +179,8 @@ def _dense_parser(schema: DenseSchema, shape: tuple[int, ...], num_classes: int 
         schema.label_key: tf.io.FixedLenFeature([], tf.int64),
     }
 
-    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def parse(serialized: tf.Tensor, positions: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        del positions  # dense records are never augmented
         example = tf.io.parse_example(serialized, spec)
         return example[schema.feature_key], _labels(example[schema.label_key], schema.label_offset, num_classes)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
+from data import augment as augment_lib
 from data import schema as schema_lib
+from data.cache import DecodedRecords, decode_records
 from data.integrity import BadRecords
-from data.parse import batch_parser
-from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
+from data.parse import batch_parser, cached_parser
+from data.schema import DataError, DenseSchema, ImageSchema, Preprocess, RecordInfo
 
 # Parallel interleave reads at most this many files at once; more only costs memory for read buffers.
 _MAX_CYCLE_LENGTH = 8
@@ -172,6 +174,8 @@ def make_dataset(
     num_classes: int | None = None,
     bad_records: BadRecords | None = None,
     resume_from: tuple[int, int] | None = None,
+    preprocess: Preprocess | None = None,
+    cache: DecodedRecords | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline: (features float32 [B, *example_shape], labels int32 [B]) batches.
 
@@ -205,6 +209,12 @@ def make_dataset(
             pipeline gave it. The dataset then starts there and yields (features, labels, position), the
             position after the batch's last record: all a checkpoint needs to resume exactly (see
             `_training_records`), a few bytes instead of the shuffle buffer.
+        preprocess: Image augmentation (training only) and normalization (`data.augment`); None: neither.
+            The random steps of an example are keyed on (seed, worker_index, epoch, record index): its
+            position, never the towers, the parallelism or a resume.
+        cache: Training only: this worker's records decoded once (`decode_share`, same worker_index and
+            num_workers): no file is read, parsed or decoded again, and the batches are those of an uncached
+            pipeline, bit for bit. Keep it across rebuilds of the stream.
 
     Returns:
         The tf.data.Dataset.
@@ -215,22 +225,20 @@ def make_dataset(
     _check_dataset_args(batch_size, worker_index, num_workers, shuffle_buffer)
     bad_records = bad_records or BadRecords()
     bad_records.register(info, num_classes, training)
-    parse = batch_parser(info, num_classes)
     drop = training if drop_remainder is None else drop_remainder
     if training:
-        read = bad_records.chunk_reader(info)
         share = _training_share(info.files, worker_index, num_workers)
+        if cache is None:
+            key = augment_lib.stream_key(seed, worker_index)
+            parse = batch_parser(info, num_classes, preprocess=preprocess, training=True, stream_key=key)
+            read = bad_records.chunk_reader(info)
+        else:
+            parse, read = _cached(cache, info, share, seed, worker_index, preprocess)
         records = _training_records(share, seed, shuffle_buffer, read, resume_from or (0, 0))
-        keep = resume_from is not None
-
-        def parse_with_position(positions, serialized):
-            features, labels = parse(serialized)
-            return (features, labels, positions[-1]) if keep else (features, labels)
-
-        batch_parse = parse_with_position
+        batch_parse = _with_position(parse, keep=resume_from is not None)
     else:
         records = _eval_records(info.files, worker_index, num_workers)
-        batch_parse = parse
+        batch_parse = batch_parser(info, num_classes, preprocess=preprocess)
     # Parse whole batches: one vectorized parse op per batch instead of one per example. Per-element
     # tf.data overhead dominates small images: this reads the 8x8 digits ~1.5x faster on 2 cores.
     dataset = records.batch(batch_size, drop_remainder=drop)
@@ -241,6 +249,41 @@ def make_dataset(
     # saving the iterator refuses a pipeline with such stateful ops.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def decode_share(
+    info: RecordInfo,
+    *,
+    worker_index: int = 0,
+    num_workers: int = 1,
+    num_classes: int | None = None,
+    bad_records: BadRecords | None = None,
+) -> DecodedRecords:
+    """Reads and decodes worker `worker_index`'s training files once, for `make_dataset(cache=...)`.
+
+    Raises:
+        DataError: A bad record (see `data.cache.decode_records`), or dense records (nothing to decode).
+    """
+    if not isinstance(info.schema, ImageSchema):
+        raise DataError("only image records are cached: dense records are not decoded")
+    files, _, _ = _training_share(info.files, worker_index, num_workers)
+    return decode_records(info, files, num_classes, bad_records or BadRecords())
+
+
+def _cached(cache: DecodedRecords, info: RecordInfo, share, seed: int, worker_index: int, preprocess):
+    """The parse and chunk reader of a cached stream: records are ids into `cache`."""
+    if cache.files != tuple(share[0]):
+        raise DataError(f"the cache holds {list(cache.files)}, but worker {worker_index} reads {list(share[0])}")
+    key = augment_lib.stream_key(seed, worker_index)
+    return cached_parser(cache, info, preprocess or Preprocess(), key), cache.chunk_reader()
+
+
+def _with_position(parse, keep: bool):
+    def parse_with_position(positions, records):
+        features, labels = parse(records, positions)
+        return (features, labels, positions[-1]) if keep else (features, labels)
+
+    return parse_with_position
 
 
 def _check_dataset_args(batch_size: int, worker_index: int, num_workers: int, shuffle_buffer: int) -> None:

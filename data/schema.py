@@ -68,6 +68,30 @@ class DenseSchema:
 
 
 @dataclasses.dataclass(frozen=True)
+class Preprocess:
+    """How decoded images become model inputs (`data.augment`): pixels in [0, 1], augmented in training, then
+    `(x - mean) / std` per channel when `mean` is given.
+
+    Attributes:
+        augment: "none", "flip", "crop_flip" or "imagenet" (see data.augment); eval is never random.
+        mean: Per-channel means on [0, 1] pixels (one value: every channel); None: no normalization.
+        std: Per-channel standard deviations, as many as `mean`, each > 0.
+    """
+
+    augment: str = "none"
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.augment not in ("none", "flip", "crop_flip", "imagenet"):
+            raise DataError(f"augment {self.augment!r} must be none, flip, crop_flip or imagenet")
+        if (self.mean is None) != (self.std is None) or (self.mean is not None and len(self.mean) != len(self.std)):
+            raise DataError(f"mean {self.mean} and std {self.std} must both be given, one value per channel each")
+        if self.std is not None and min(self.std) <= 0:
+            raise DataError(f"std {self.std} must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
 class RecordInfo:
     """What `inspect_records` learned from the first record; the input of `make_dataset`.
 

@@ -16,6 +16,11 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")
 RECORD_SCHEMAS = ("auto", "image", "dense")
 MIXED_PRECISION = ("", "bf16", "fp16")
+AUGMENTS = ("auto", "none", "flip", "crop_flip", "imagenet")
+CACHES = ("auto", "memory", "none")
+# --normalize=imagenet: the per-channel mean and standard deviation of ImageNet's RGB pixels on [0, 1].
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ConfigError(ValueError):
@@ -37,6 +42,9 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     eval_batch_size: int = 0  # 0: the global batch size
     max_bad_records: int = 0  # corrupt training records (bad CRC, truncated file) skipped before failing
+    augment: str = "auto"  # auto: by model family (trainer/inputs.py AUTO_AUGMENT)
+    normalize: str = "none"  # none, imagenet, or MEAN,...,STD,... (see `normalization`)
+    cache: str = "auto"  # auto: decoded training images in memory when below data.AUTO_CACHE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +203,33 @@ def _validate_loop(lp: LoopConfig) -> None:
     _require(lp.max_requeues >= 0, f"--max_requeues ({lp.max_requeues}) must be >= 0 (0: never requeue)")
 
 
+def normalization(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """--normalize as (means, stds) on [0, 1] pixels, or None for "none".
+
+    "imagenet" is ImageNet's RGB mean and std; otherwise an even count of comma-separated numbers: the first
+    half the means, the second the stds, one per channel or one for every channel (e.g. "0.5,0.25").
+
+    Raises:
+      ConfigError: anything else, or a std that is not positive.
+    """
+    if text == "none":
+        return None
+    if text == "imagenet":
+        return IMAGENET_MEAN, IMAGENET_STD
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    _require(
+        len(values) >= 2 and len(values) % 2 == 0,
+        f"--normalize ({text!r}) must be none, imagenet, or MEAN,STD as comma-separated numbers: the means, then "
+        "as many stds (one per channel, e.g. 0.49,0.48,0.45,0.25,0.24,0.26, or one for all, e.g. 0.5,0.25)",
+    )
+    mean, std = values[: len(values) // 2], values[len(values) // 2 :]
+    _require(min(std) > 0, f"--normalize ({text!r}): every std must be positive (got {list(std)})")
+    return mean, std
+
+
 def _validate_data(d: DataConfig) -> None:
     _require(
         d.record_schema in RECORD_SCHEMAS, f"--record_schema ({d.record_schema!r}) must be one of {RECORD_SCHEMAS}"
@@ -207,6 +242,9 @@ def _validate_data(d: DataConfig) -> None:
     _require(d.shuffle_buffer >= 1, f"--shuffle_buffer ({d.shuffle_buffer}) must be at least 1")
     _require(d.eval_batch_size >= 0, f"--eval_batch_size ({d.eval_batch_size}) must be >= 0")
     _require(d.max_bad_records >= 0, f"--max_bad_records ({d.max_bad_records}) must be >= 0")
+    _require(d.augment in AUGMENTS, f"--augment ({d.augment!r}) must be one of {AUGMENTS}")
+    _require(d.cache in CACHES, f"--cache ({d.cache!r}) must be one of {CACHES}")
+    normalization(d.normalize)
     if d.image_size is not None:
         _require(
             len(d.image_size) == 2 and min(d.image_size) >= 1,

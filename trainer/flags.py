@@ -18,6 +18,7 @@ def _groups() -> tuple:
     return (
         ("towers", "devices, batch split, update mode, precision, reproducibility", _define_tower_flags),
         ("data", "training and eval records", _define_data_flags),
+        ("augmentation", "what training images look like, and the decoded-record cache", _define_augment_flags),
         ("model", "what is trained", _define_model_flags),
         ("optimizer", "update rule and learning-rate schedule", _define_optimizer_flags),
         ("loop and outputs", "how long, how often, what model_dir gets", _define_loop_flags),
@@ -149,6 +150,34 @@ def _define_model_flags() -> None:
     )
 
 
+def _define_augment_flags() -> None:
+    flags.DEFINE_enum(
+        "augment",
+        "auto",
+        list(cfg.AUGMENTS),
+        "Training-image augmentation, random but keyed on each example's position in the run, so "
+        "--deterministic still holds. flip: horizontal flip. crop_flip: pad H/8 (4 px at 32x32), random crop, "
+        "flip. imagenet: random-resized crop (area 8-100%, aspect 3/4-4/3; a JPEG decodes only the crop) to "
+        "the image size, flip; eval takes the central 87.5%. auto: crop_flip for resnet20, imagenet for "
+        "resnet50, none otherwise (flipped digits change meaning) and for dense records.",
+    )
+    flags.DEFINE_string(
+        "normalize",
+        "none",
+        "Per-channel normalization of [0, 1] pixels, after augmentation, in training and eval: none, imagenet "
+        "(ImageNet's RGB mean and std), or MEAN,STD as numbers: the means, then the stds, one per channel "
+        "(0.49,0.48,0.45,0.25,0.24,0.26) or one for all (0.5,0.25).",
+    )
+    flags.DEFINE_enum(
+        "cache",
+        "auto",
+        list(cfg.CACHES),
+        "memory: decode each training image once and keep it in memory (augmentation runs after the cache; "
+        "same batches as none). auto: memory when the decoded training images take under 2 GiB (estimated "
+        "from the file sizes and the first record), else none. Dense records are never cached.",
+    )
+
+
 def _define_optimizer_flags() -> None:
     flags.DEFINE_enum("optimizer", "momentum", list(cfg.OPTIMIZERS), "Optimizer (momentum: SGD with --momentum).")
     flags.DEFINE_float(
@@ -213,10 +242,10 @@ def _define_resume_flags() -> None:
         "allow_flag_changes",
         False,
         "Resume a --model_dir although these flags change settings that define its run (seed, model, data, "
-        "batch, micro-batches, optimizer, schedule, precision, update mode); without it such a resume is "
+        "augmentation, batch, micro-batches, optimizer, schedule, precision, update mode); without it such a resume is "
         "refused with the list of differences. Always free to change: --train_steps, the *_every_steps "
         "cadences, --keep_checkpoints, --export, --profile_steps, --max_requeues, --eval_data, "
-        "--eval_batch_size, --device, --parameter_device, --xla and, in sync mode, --num_gpus.",
+        "--eval_batch_size, --cache, --device, --parameter_device, --xla and, in sync mode, --num_gpus.",
     )
 
 
@@ -278,6 +307,9 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.shuffle_buffer,
             f.eval_batch_size,
             f.max_bad_records,
+            augment=f.augment,
+            normalize=f.normalize,
+            cache=f.cache,
         ),
         model=cfg.ModelConfig(f.model),
         optimizer=cfg.OptimizerConfig(

@@ -16,7 +16,7 @@ import functools
 import tensorflow as tf
 
 import data
-from trainer.config import DataConfig, RunConfig
+from trainer.config import ConfigError, DataConfig, RunConfig, normalization
 from trainer.devices import Placement, tower_of_micro_batch
 
 
@@ -57,6 +57,49 @@ def _schema(config: DataConfig):
     if config.record_schema == "image" or config.label_offset or config.image_size:
         return data.ImageSchema(config.label_offset, config.image_size)
     return None  # auto: the first record decides
+
+
+# --augment=auto by model family: the CIFAR recipe for resnet20, the ImageNet one for resnet50. Everything else
+# (mlp and cnn on the digits, whose flipped 2s and 5s are other digits; a module:function model) gets none.
+AUTO_AUGMENT = {"resnet20": "crop_flip", "resnet50": "imagenet"}
+
+
+def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
+    """--augment (auto resolved for the model and records) and --normalize, checked against the records.
+
+    Raises:
+      ConfigError: augmentation or normalization asked of dense records, or normalization values for
+        another number of channels than the images have.
+    """
+    d = config.data
+    dense = isinstance(inputs.train.schema, data.DenseSchema)
+    augment = d.augment
+    if augment == "auto":
+        augment = "none" if dense else AUTO_AUGMENT.get(config.model.name, "none")
+    norm = normalization(d.normalize)
+    if dense and (augment != "none" or norm is not None):
+        flag = f"--augment={augment}" if augment != "none" else f"--normalize={d.normalize}"
+        raise ConfigError(
+            f"{flag} applies to images, but --train_data holds dense records (a float vector per example); "
+            "pass --augment=none --normalize=none, or normalize the vectors when writing them"
+        )
+    if norm is None:
+        return data.Preprocess(augment)
+    channels = inputs.train.example_shape[-1]
+    mean, std = norm
+    if len(mean) not in (1, channels):
+        raise ConfigError(
+            f"--normalize={d.normalize} gives {len(mean)} means and stds, but the images have {channels} "
+            "channel(s): give one per channel, or one for all"
+        )
+    return data.Preprocess(augment, mean * (channels // len(mean)), std * (channels // len(std)))
+
+
+def use_cache(config: DataConfig, inputs: Inputs) -> bool:
+    """Whether training images are decoded once into memory: --cache=memory, or auto below the bound."""
+    if config.cache == "none" or isinstance(inputs.train.schema, data.DenseSchema):
+        return False
+    return config.cache == "memory" or data.estimated_bytes(inputs.train) <= data.AUTO_CACHE_BYTES
 
 
 class PlacedIterator:
@@ -122,25 +165,29 @@ def train_iterators(
     else:
         k = t.num_micro_batches
         hosts = [placement.host_of(tower_of_micro_batch(j, k, num_towers)) for j in range(k)]
+    if train_dataset is not None:  # no positions: restarts from its beginning
+        return [PlacedIterator(train_dataset, host) for host in hosts]
+    preprocess = preprocessing(config, inputs)
+    cache = use_cache(config.data, inputs)
     iterators = []
     for j, host in enumerate(hosts):
-        if train_dataset is not None:
-            make = train_dataset  # no positions: restarts from its beginning
-        else:
-            make = functools.partial(
-                data.make_dataset,
-                inputs.train,
-                batch_size=t.micro_batch_size,
-                training=True,
-                seed=config.seed,
-                worker_index=j,
-                num_workers=len(hosts),
-                shuffle_buffer=max(1, config.data.shuffle_buffer // len(hosts)),
-                num_classes=inputs.num_classes,
-                bad_records=bad_records,
-            )
-            make = _resuming(make)
-        iterators.append(PlacedIterator(make, host))
+        stream = dict(worker_index=j, num_workers=len(hosts), num_classes=inputs.num_classes, bad_records=bad_records)
+        decoded = None
+        if cache:  # decoded once, on the stream's host, and kept across the stream's rebuilds
+            with tf.device(host):
+                decoded = data.decode_share(inputs.train, **stream)
+        make = functools.partial(
+            data.make_dataset,
+            inputs.train,
+            batch_size=t.micro_batch_size,
+            training=True,
+            seed=config.seed,
+            shuffle_buffer=max(1, config.data.shuffle_buffer // len(hosts)),
+            preprocess=preprocess,
+            cache=decoded,
+            **stream,
+        )
+        iterators.append(PlacedIterator(_resuming(make), host))
     return iterators
 
 
@@ -151,10 +198,16 @@ def _resuming(make_dataset):
 def eval_dataset_fn(config: RunConfig, inputs: Inputs, bad_records: data.BadRecords):
     """() -> the eval dataset: every eval record once, in order, in batches of --eval_batch_size."""
     eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
+    preprocess = preprocessing(config, inputs)  # imagenet: the center crop; never random
 
     def make_dataset():
         return data.make_dataset(
-            inputs.eval, batch_size=eval_batch, training=False, num_classes=inputs.num_classes, bad_records=bad_records
+            inputs.eval,
+            batch_size=eval_batch,
+            training=False,
+            num_classes=inputs.num_classes,
+            bad_records=bad_records,
+            preprocess=preprocess,
         )
 
     return make_dataset

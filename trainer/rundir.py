@@ -38,6 +38,7 @@ MAY_CHANGE = {
     "data.eval_data",
     "data.eval_batch_size",
     "data.max_bad_records",
+    "data.cache",  # the same batches, cached or not
     "towers.device",
     "towers.parameter_device",
     "towers.jit_compile",
