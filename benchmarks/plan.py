@@ -53,6 +53,7 @@ class Side:
     mixed_precision: str = ""
     update_mode: str = "sync"
     histogram_every_steps: int = 0  # >0: every window ends with gradient+weight histograms
+    live_progress: bool = False  # redraw the console's live line (trainer.progress), into /dev/null
 
     def label(self) -> str:
         if self.kind != "towerflow":
@@ -63,6 +64,7 @@ class Side:
         options += ["xla"] if self.jit_compile else []
         options += [self.mixed_precision] if self.mixed_precision else []
         options += [f"histograms/{self.histogram_every_steps}"] if self.histogram_every_steps else []
+        options += ["live progress line"] if self.live_progress else []
         return "towerflow " + ", ".join(options)
 
     @property

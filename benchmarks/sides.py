@@ -15,6 +15,7 @@ import numpy as np
 from benchmarks import inputs, reference
 from benchmarks.plan import Setting, Side
 from trainer.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, TowerConfig
+from trainer.progress import ProgressLine
 from trainer.run import build
 from trainer.summaries import Summaries, variable_tags
 
@@ -58,13 +59,22 @@ class TowerflowSide:
         self.updates_per_step = setting.global_batch_size // per_update
         self.examples_per_update = per_update
         self.summaries = Summaries(model_dir) if side.histogram_every_steps else None
+        self.progress = None
+        if side.live_progress:  # as the loop draws it on a terminal, into /dev/null
+            latest = lambda: self.mode.latest_loss  # noqa: E731
+            self._devnull = open(os.devnull, "w")  # noqa: SIM115 (closed in close())
+            self.progress = ProgressLine(self._devnull, 10**9, setting.global_batch_size, self.mode.global_step, latest)
         variables = self.trainer.model.trainable_variables
         self.histogram_args = (variable_tags(variables), variables)
 
     def window(self, steps: int) -> tuple[float, int]:
         updates = steps * self.updates_per_step
         start = time.perf_counter()
-        metrics = self.mode.train_steps(updates, want_gradients=self.summaries is not None)
+        should_stop = None
+        if self.progress is not None:
+            self.progress.window_started(int(self.mode.global_step.numpy()))
+            should_stop = self._tick
+        metrics = self.mode.train_steps(updates, want_gradients=self.summaries is not None, should_stop=should_stop)
         gradients = metrics.pop("gradients", None)
         for value in metrics.values():
             np.asarray(value)  # waits for the device, as the loop does
@@ -73,7 +83,13 @@ class TowerflowSide:
             self.summaries.histograms(step, self.histogram_args[0], gradients, self.histogram_args[1])
         return time.perf_counter() - start, updates * self.examples_per_update
 
+    def _tick(self) -> bool:
+        self.progress.tick()
+        return False
+
     def close(self) -> None:
+        if self.progress is not None:
+            self._devnull.close()
         close = getattr(self.mode, "close", None)  # the async mode stops its tower threads
         if close is not None:
             close()

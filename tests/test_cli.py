@@ -100,11 +100,13 @@ def test_help_lists_our_flags_by_topic(arg):
     out = _run(arg).stdout
     assert out.startswith("usage: python -m trainer")
     headings = [line.split(":")[0] for line in out.splitlines()[1:] if re.match(r"^\w[\w ]*: ", line)]
-    assert headings[:7] == ["towers", "data", "model", "optimizer", "loop and outputs", "resume", "cluster"]
+    expected = ["towers", "data", "augmentation", "model", "optimizer", "loop and outputs", "resume", "cluster"]
+    assert headings[:8] == expected
     towers = out[out.index("\ntowers:") : out.index("\ndata:")]
     optimizer = out[out.index("\noptimizer:") : out.index("\nloop and outputs:")]
     assert "--num_gpus=INT  (default: 1)" in towers and "--learning_rate=FLOAT  (default: 0.05)" in optimizer
     assert "--logtostderr" not in out and "--[no]export  (default: true)" in out
+    assert "--augment=" in out[out.index("\naugmentation:") : out.index("\nmodel:")]
 
 
 def test_helpfull_lists_absl_flags_too():

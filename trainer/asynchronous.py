@@ -120,7 +120,8 @@ class AsyncUpdate:
             while True:
                 ticket = self.gate.start()
                 start = time.perf_counter()
-                result, read_step = self._compute_fns[tower]()
+                with tf.profiler.experimental.Trace("train", step_num=ticket, _r=1):  # the profiler's step marker
+                    result, read_step = self._compute_fns[tower]()
                 self._tower_sec[tower].append(time.perf_counter() - start)
                 self.gate.wait_turn(ticket)
                 with self._apply_lock:

@@ -185,7 +185,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
 
 def _start_line(attempt: attempts_lib.Attempt, job, where: str) -> str:
     who = f"; {job.describe()}" if job is not None else ""
-    return f"attempt {attempt.attempt} (host {attempt.host}, pid {attempt.pid}{who}) {where}"
+    return f"attempt {attempt.attempt} (host {attempt.host}, pid {attempt.pid}{who}): {where}"
 
 
 @dataclasses.dataclass

@@ -71,6 +71,7 @@ class SyncUpdate:
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
         self.latest_loss = None  # the last step's loss (a tensor), for the live progress line
+        self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true (checked after every step).
@@ -84,6 +85,8 @@ class SyncUpdate:
           Diverged: a step's loss or gradient was not finite (that update was not applied).
         """
         losses, correct, norms, metrics, previous = [], [], [], {}, None
+        if self._step_number is None:  # after the restore
+            self._step_number = int(self.global_step.numpy())
         traced = {"traced_steps": 0, "traced_sec": 0.0}
         for i in range(num_steps):
             report = i == num_steps - 1
@@ -109,7 +112,9 @@ class SyncUpdate:
         """One step; a step that traced a graph adds its wall time to `traced` (rates leave it out)."""
         tracing_count = self._step_fn.experimental_get_tracing_count()
         start = time.perf_counter()
-        metrics = self._step_fn([it.iterator for it in self.iterators], report, want_gradients)
+        self._step_number += 1
+        with tf.profiler.experimental.Trace("train", step_num=self._step_number, _r=1):  # the profiler's step
+            metrics = self._step_fn([it.iterator for it in self.iterators], report, want_gradients)
         if self._step_fn.experimental_get_tracing_count() != tracing_count:
             traced["traced_steps"] += 1
             traced["traced_sec"] += time.perf_counter() - start
