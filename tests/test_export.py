@@ -139,7 +139,12 @@ def test_rerun_keeps_the_export_and_a_resume_adds_one_beside_it(digits_run):
     saved = run / "export" / "150" / "saved_model.pb"
     before = (_sha256(saved), saved.stat().st_mtime_ns)
     rerun = _run(*DIGITS_FLAGS, f"--model_dir={run}")
+    assert "already complete: step 150 of --train_steps=150; nothing to do" in rerun.stdout
+    metrics = (run / "metrics.json").read_text()
+    (run / "metrics.json").unlink()  # a finished run without its metrics: evaluated again, export kept
+    rerun = _run(*DIGITS_FLAGS, f"--model_dir={run}")
     assert "export/150 exists; kept" in rerun.stdout
+    assert json.loads((run / "metrics.json").read_text())["eval_accuracy"] == json.loads(metrics)["eval_accuracy"]
     assert (_sha256(saved), saved.stat().st_mtime_ns) == before
     resumed = _run(*DIGITS_FLAGS[:2], "--train_steps=160", "--eval_every_steps=0", f"--model_dir={run}")
     assert "exported to export/160" in resumed.stdout

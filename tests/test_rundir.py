@@ -99,7 +99,7 @@ def test_tensorboard_steps_stay_increasing_after_a_kill_and_resume(make_config, 
     tf.compat.v1.train.update_checkpoint_state(str(run / "checkpoints"), str(run / "checkpoints" / "ckpt-10"))
     shutil.rmtree(run / "export", ignore_errors=True)
     train(make_config(loop=loop))
-    assert _steps(run / "train", "loss") == [5, 10, 15, 20]
+    assert _steps(run / "train", "loss") == [1, 5, 10, 11, 15, 20]  # each start logs its first step
     assert _steps(run / "eval", "accuracy") == [5, 10, 15, 20]
     # the settings and the chart layout (in model_dir itself) recorded once, by the resumed start
     acc = event_accumulator.EventAccumulator(str(run), size_guidance={event_accumulator.TENSORS: 0})

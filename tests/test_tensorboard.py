@@ -168,7 +168,7 @@ def test_towers_share_one_chart_and_the_projector_is_off(server, logdir):
     scalars = _get(server, f"/data/plugin/custom_scalars/scalars?{query}")
     assert sorted(scalars["tag_to_events"]) == towers and scalars["regex_valid"]
     steps = [point[1] for point in scalars["tag_to_events"][towers[0]]]
-    assert steps == [5, 10, 15, 20]  # strictly increasing across the resume
+    assert steps == [1, 5, 10, 11, 15, 20]  # strictly increasing across the resume (each start logs its first step)
 
 
 def test_resume_of_an_old_model_dir_moves_its_checkpoints(tmp_path):
