@@ -4,6 +4,7 @@
     python -m benchmarks --quick --out benchmarks/results-quick.json
     python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
     python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
+    python -m benchmarks --input [--smoke] [--out FILE]   # the input pipeline alone (benchmarks/input_only.py)
 
 Each ratio is median(towerflow examples/sec) / median(reference examples/sec) over alternating timed
 windows (A, B, A, B, ...) after warm-up. Exit code 0 even when a target is missed: the table says so.
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--quick", action="store_true", help="fewer, shorter windows; cnn-digits only (< 5 min)")
     size.add_argument("--smoke", action="store_true", help="tiny windows, to check that everything runs")
     parser.add_argument("--out", help="write the results as JSON to this file")
+    parser.add_argument("--input", action="store_true", help="time the input pipeline alone on synthetic JPEGs")
     figures_help = f"comma-separated figures: {', '.join(figure_defs.NAMES)}"
     parser.add_argument("--only", type=_names, default=[], help=figures_help)
     parser.add_argument("--settings", type=_names, help=f"comma-separated settings: {', '.join(SETTINGS)}")
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.input:
+        if args.quick or args.only or args.settings or args.windows is not None or args.profile:
+            parser.error("--input takes only --smoke and --out")
+        from benchmarks import input_only
+
+        return input_only.main(smoke=args.smoke, out=args.out)
     size = _size(args, parser)
     all_figures = [f for name in size.settings for f in figure_defs.figures(SETTINGS[name], size)]
     try:

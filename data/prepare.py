@@ -3,6 +3,7 @@
     python -m data.prepare digits /tmp/digits
     python -m data.prepare synthetic /tmp/synth --shape=32,32,3 --num_classes=10 --num_examples=5000
     python -m data.prepare synthetic /tmp/dense --shape=20 --num_classes=4 --num_examples=1000
+    python -m data.prepare synthetic /tmp/jpeg --format=jpeg --shape=375,500,3 --num_classes=1000 --num_examples=512
 
 Each writes OUT_DIR/train-*-of-*, OUT_DIR/eval-*-of-* and OUT_DIR/info.json (counts, shape, num_classes,
 schema kind), and prints the two globs to pass as --train_data and --eval_data. Arguments are checked
@@ -43,7 +44,15 @@ def _parser() -> argparse.ArgumentParser:
     synthetic.add_argument("--num_examples", type=int, required=True, help="train examples")
     synthetic.add_argument("--eval_examples", type=int, default=None, help="default: num_examples // 5")
     synthetic.add_argument("--num_shards", type=int, default=4, help="train files; eval gets min(this, its count)")
-    synthetic.add_argument("--image_format", choices=("png", "jpeg"), default="png", help="images only")
+    synthetic.add_argument(
+        "--format",
+        "--image_format",
+        dest="image_format",
+        choices=("png", "jpeg"),
+        default="png",
+        help="images only. png: pixel-noise templates, lossless; jpeg: smooth photo-like templates (quality 95, "
+        "~100 KB at 500x375)",
+    )
     synthetic.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -67,10 +76,10 @@ def _check_synthetic(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 def _write_synthetic(args: argparse.Namespace) -> tuple[str, str]:
     from data import synthetic, writer  # TensorFlow loads only once the arguments are known to be good
 
-    train, held_out = synthetic.synthetic_splits(
-        args.shape, args.num_classes, args.num_examples, args.eval_examples, seed=args.seed
-    )
     is_image = len(args.shape) == 3
+    # JPEG of pixel noise is ~3x the size of a photo's; smooth templates compress like photos do.
+    splits = synthetic.photo_splits if is_image and args.image_format == "jpeg" else synthetic.synthetic_splits
+    train, held_out = splits(args.shape, args.num_classes, args.num_examples, args.eval_examples, seed=args.seed)
     shards = {"train": args.num_shards, "eval": min(args.num_shards, args.eval_examples)}
     for split, (examples, labels) in (("train", train), ("eval", held_out)):
         prefix = os.path.join(args.out_dir, split)

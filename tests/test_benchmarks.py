@@ -85,3 +85,40 @@ def test_smoke_run_writes_every_figure(tmp_path):
         assert record["status"] == "ok", record.get("error")
         steps = size.histogram_every_steps if name.startswith("histograms") else size.min_steps
         _check_measured(record, size.windows, steps)
+
+
+def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
+    from benchmarks import input_pipelines
+
+    out = tmp_path / "input.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--input", "--smoke", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads(out.read_text())
+    assert [row["name"] for row in run["pipelines"]] == list(input_pipelines.PIPELINES)
+    for row in run["pipelines"]:
+        assert row["label"] in done.stdout
+        for cores in ("one_core", "all_cores"):
+            rates = row[cores]["images_per_sec"]
+            assert rates and all(math.isfinite(r) and r > 0 for r in rates), (row["name"], cores)
+    assert run["pipelines"][0]["mean_jpeg_bytes"] > 10_000  # 500x375 photo-like JPEGs, not a few bytes
+    assert [need["cores_per_gpu"] > 0 for need in run["gpu_needs"]] == [True, True]
+    assert "cores of (c)" in done.stdout
+
+
+def test_input_takes_no_training_benchmark_options():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--input", "--only", "tower1_vs_plain"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "--input takes only --smoke and --out" in done.stderr

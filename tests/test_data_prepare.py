@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from _data_helpers import _collect, _count_records
 
 import data
@@ -99,6 +100,20 @@ def test_prepare_synthetic_images(tmp_path):
     assert record_info.example_shape == (6, 5, 3)
     labels = _collect(data.make_dataset(record_info, batch_size=30, training=False))[1]
     assert set(labels.tolist()) <= {0, 1, 2}
+
+
+def test_prepare_synthetic_jpeg_writes_photo_sized_jpegs_of_the_requested_shape(tmp_path):
+    args = ["synthetic", str(tmp_path), "--format=jpeg", "--shape=375,500,3", "--num_classes=1000"]
+    assert prepare.main([*args, "--num_examples=4", "--eval_examples=1", "--num_shards=1"]) == 0
+    path = str(tmp_path / "train-00000-of-00001")
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    assert len(records) == 4
+    for example in records:
+        feature = example.features.feature
+        encoded = feature["image/encoded"].bytes_list.value[0]
+        assert encoded[:2] == b"\xff\xd8" and feature["image/format"].bytes_list.value[0] == b"JPEG"
+        assert tf.io.decode_jpeg(encoded).shape == (375, 500, 3)
+        assert 50_000 < len(encoded) < 200_000  # compressible like a photo (~100 KB), not pixel noise (~300 KB)
 
 
 def test_prepare_synthetic_dense(tmp_path):

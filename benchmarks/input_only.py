@@ -1,0 +1,156 @@
+"""`python -m benchmarks --input`: the input pipeline alone, in images/s, on ImageNet-sized synthetic JPEGs.
+
+Writes 500x375 JPEGs with `python -m data.prepare synthetic --format=jpeg` into a temporary directory, then
+times each pipeline of `benchmarks.input_pipelines` on one core (tf.data's private thread pool of 1 thread,
+no intra-op parallelism) and on all cores, as the median images/s of several timed windows after a warm-up.
+Ratios are to (a), `tf.io.decode_jpeg` alone on the same bytes: the practical ceiling of a JPEG pipeline.
+From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import statistics
+import tempfile
+import time
+
+from benchmarks import report
+
+SHAPE = (375, 500, 3)
+NUM_CLASSES = 1000
+# Approximate published ResNet-50 training throughput per GPU (tf_cnn_benchmarks / NVIDIA DeepLearningExamples
+# era, batch 256, real data); NOT measured here.
+GPU_IMAGES_PER_SEC = {"V100 (fp16)": 1300, "A100 (mixed precision)": 2500}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSize:
+    name: str
+    num_records: int
+    batch_size: int
+    warmup_batches: int
+    windows: int
+    batches_per_window: int
+
+
+# A window is one epoch of the records (num_records / batch_size batches): towerflow's pipeline reads and
+# shuffles each epoch's records before its first batch, a cost paid once per record that a shorter window
+# would see in some windows and not others. The warm-up is one epoch too (autotuning settles in it).
+SIZES = {
+    "full": InputSize("full", num_records=512, batch_size=32, warmup_batches=16, windows=5, batches_per_window=16),
+    "smoke": InputSize("smoke", num_records=8, batch_size=4, warmup_batches=2, windows=1, batches_per_window=2),
+}
+
+
+def write_jpegs(out_dir: str, num_records: int) -> str:
+    """Writes `num_records` synthetic JPEG records with data.prepare; returns the train glob."""
+    from data import prepare
+
+    args = ["synthetic", out_dir, "--format=jpeg", f"--shape={','.join(map(str, SHAPE))}"]
+    args += [f"--num_classes={NUM_CLASSES}", f"--num_examples={num_records}", "--eval_examples=1"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        if prepare.main(args) != 0:
+            raise RuntimeError(f"python -m data.prepare {' '.join(args)} failed")
+    return os.path.join(out_dir, "train-*")
+
+
+def time_pipeline(dataset, size: InputSize) -> dict:
+    """Images/s and images per CPU-second (this process's CPU time) of each timed window, and the medians."""
+    iterator = iter(dataset)
+    for _ in range(size.warmup_batches):
+        next(iterator)
+    rates, per_cpu_sec, cores_used = [], [], []
+    for _ in range(size.windows):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(size.batches_per_window):
+            next(iterator)
+        wall, cpu = time.perf_counter() - wall, max(time.process_time() - cpu, 1e-9)
+        images = size.batch_size * size.batches_per_window
+        rates.append(images / wall)
+        per_cpu_sec.append(images / cpu)
+        cores_used.append(cpu / wall)
+    return {
+        "images_per_sec": rates,
+        "median_images_per_sec": statistics.median(rates),
+        "median_images_per_cpu_sec": statistics.median(per_cpu_sec),
+        # Other work on a shared machine takes cores: "all cores" then gets fewer; this says how many it got.
+        "median_cores_used": statistics.median(cores_used),
+    }
+
+
+def measure(size: InputSize, work_dir: str) -> list[dict]:
+    """Every pipeline on one core, then on all cores: one dict per pipeline."""
+    from benchmarks import input_pipelines as pipelines
+
+    pattern = write_jpegs(work_dir, size.num_records)
+    encoded = pipelines.load_encoded(pattern)
+    rows = []
+    for name, (label, what) in pipelines.PIPELINES.items():
+        row = {"name": name, "label": label, "what": what}
+        for cores, one_core in (("one_core", True), ("all_cores", False)):
+            dataset = pipelines.build(name, pattern, encoded, size.batch_size, one_core)
+            row[cores] = time_pipeline(dataset, size)
+            print(f"  {label}: {cores} {row[cores]['median_images_per_sec']:,.0f} images/s", flush=True)
+        rows.append(row)
+    encoded_bytes = [len(b) for b in encoded.numpy()]
+    rows[0]["mean_jpeg_bytes"] = statistics.mean(encoded_bytes)
+    return rows
+
+
+def per_core(row: dict) -> float:
+    """Images per CPU-second of the one-core run: its images/s when it has a core to itself, and unlike
+    images/s not lowered when other work on a shared machine takes part of that core."""
+    return row["one_core"]["median_images_per_cpu_sec"]
+
+
+def gpu_needs(rows: list[dict]) -> list[dict]:
+    """Cores per GPU = GPU images/s / images per core-second of (c), towerflow's imagenet pipeline."""
+    imagenet = per_core(next(r for r in rows if r["name"] == "towerflow_imagenet"))
+    return [
+        {"gpu": gpu, "published_images_per_sec": rate, "cores_per_gpu": rate / imagenet}
+        for gpu, rate in GPU_IMAGES_PER_SEC.items()
+    ]
+
+
+def table(rows: list[dict], needs: list[dict]) -> list[str]:
+    """The printed report: one line per pipeline, ratios to (a), then cores per GPU."""
+    ceiling_one, ceiling_all = per_core(rows[0]), rows[0]["all_cores"]["median_images_per_sec"]
+    header = f"{'pipeline':<28} {'img/core-s':>10} {'vs (a)':>7} {'all cores img/s':>15} {'vs (a)':>7} {'cores':>5}"
+    lines = [header + "  what"]
+    for row in rows:
+        one, every = per_core(row), row["all_cores"]["median_images_per_sec"]
+        lines.append(
+            f"{row['label']:<28} {one:>10,.0f} {one / ceiling_one:>7.3f} {every:>15,.0f} "
+            f"{every / ceiling_all:>7.3f} {row['all_cores']['median_cores_used']:>5.1f}  {row['what']}"
+        )
+    lines.append("img/core-s: images per CPU-second, pipeline limited to 1 thread (tf.data private_threadpool_size=1)")
+    lines.append(f"cores: CPU-seconds per second in the all-cores windows, of {os.cpu_count()} (others take some)")
+    lines.append(f"mean JPEG size {rows[0]['mean_jpeg_bytes'] / 1e3:,.0f} KB ({SHAPE[1]}x{SHAPE[0]}, quality 95)")
+    for need in needs:
+        lines.append(
+            f"{need['gpu']}: ~{need['published_images_per_sec']:,} img/s ResNet-50 (approximate published figure, "
+            f"not measured) needs {need['cores_per_gpu']:.1f} cores of (c)"
+        )
+    return lines
+
+
+def main(smoke: bool = False, out: str | None = None) -> int:
+    """Runs the benchmark, prints the table, writes JSON to `out` when given. Returns the exit code."""
+    size = SIZES["smoke" if smoke else "full"]
+    started, load_start = report.now(), list(os.getloadavg())
+    print(f"input benchmark, size {size.name}: {size.num_records} JPEGs {SHAPE}, batch {size.batch_size}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="towerflow-input-bench-") as work_dir:
+        rows = measure(size, work_dir)
+    needs = gpu_needs(rows)
+    print("\n".join(table(rows, needs)))
+    if out:
+        import tensorflow as tf
+
+        env = report.environment({"tensorflow": tf.__version__}, started, load_start)
+        run = {"size": dataclasses.asdict(size), "environment": env, "pipelines": rows, "gpu_needs": needs}
+        report.write_json(out, run)
+        print(f"wrote {out}")
+    return 0
