@@ -93,6 +93,17 @@ def apply_grappler(config: RuntimeConfig) -> None:
         tf.config.optimizer.set_experimental_options(options)
 
 
+def configure_worker(config: RuntimeConfig, session_config) -> None:
+    """A worker task (`trainer.distributed.serve`) runs the chief's ops with its server's thread pools and GPU
+    options: the same settings, written into its `ConfigProto` (0/False are the proto's defaults). Its
+    environment variables are set by `python -m trainer` like the chief's. --gpu_memory_limit_mb is not
+    passed on (not measured on several GPU machines)."""
+    session_config.inter_op_parallelism_threads = config.inter_op_threads
+    session_config.intra_op_parallelism_threads = config.intra_op_threads
+    session_config.gpu_options.allow_growth = config.gpu_memory_growth
+    apply_grappler(config)
+
+
 def describe() -> dict:
     """Every runtime setting as TensorFlow reports it now (environment variables as the process has them;
     None: unset, TensorFlow's default)."""
