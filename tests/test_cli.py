@@ -101,7 +101,7 @@ def test_help_lists_our_flags_by_topic(arg):
     assert out.startswith("usage: python -m trainer")
     headings = [line.split(":")[0] for line in out.splitlines()[1:] if re.match(r"^\w[\w ]*: ", line)]
     expected = ["towers", "data", "augmentation", "model", "optimizer", "loop and outputs", "resume", "cluster"]
-    assert headings[:8] == expected
+    assert headings[:9] == [*expected, "runtime"]
     towers = out[out.index("\ntowers:") : out.index("\ndata:")]
     optimizer = out[out.index("\noptimizer:") : out.index("\nloop and outputs:")]
     assert "--num_gpus=INT  (default: 1)" in towers and "--learning_rate=FLOAT  (default: 0.05)" in optimizer

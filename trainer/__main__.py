@@ -21,7 +21,7 @@ import dataclasses  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from launch import cluster  # noqa: E402
-from trainer import cli, console, versions  # noqa: E402
+from trainer import cli, console, runtime, versions  # noqa: E402
 from trainer import config as cfg  # noqa: E402
 from trainer import flags as tf_flags  # noqa: E402
 
@@ -52,6 +52,7 @@ def _main(argv: list[str]) -> int:
     if verbosity is None:
         logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures)
     level = console.prepare_tensorflow(config.towers.device, verbosity)
+    os.environ.update(runtime.environment(config.runtime, config.deterministic))  # read by TensorFlow's import
     header = versions.flagfile_header(versions.devices_summary(config.towers))
     config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
 

@@ -18,6 +18,29 @@ RECORD_SCHEMAS = ("auto", "image", "dense")
 MIXED_PRECISION = ("", "bf16", "fp16")
 AUGMENTS = ("auto", "none", "flip", "crop_flip", "imagenet")
 CACHES = ("auto", "memory", "none")
+SWITCHES = ("auto", "on", "off")  # --onednn, --cudnn_autotune; auto: TensorFlow's default
+# --grappler names: the on/off rewriter options tf.config.optimizer.set_experimental_options turns into
+# RewriterConfig fields (TF 2.21, tensorflow/python/eager/context.py); min_graph_nodes is a number, left out.
+GRAPPLER_OPTIONS = (
+    "layout_optimizer",
+    "constant_folding",
+    "shape_optimization",
+    "remapping",
+    "arithmetic_optimization",
+    "dependency_optimization",
+    "loop_optimization",
+    "function_optimization",
+    "debug_stripper",
+    "disable_model_pruning",
+    "scoped_allocator_optimization",
+    "pin_to_host_optimization",
+    "implementation_selector",
+    "auto_mixed_precision",
+    "use_plugin_optimizers",
+    "disable_meta_optimizer",
+    "auto_mixed_precision_onednn_bfloat16",
+    "auto_mixed_precision_mkl",
+)
 # --normalize=imagenet: the per-channel mean and standard deviation of ImageNet's RGB pixels on [0, 1].
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -111,12 +134,26 @@ class LoopConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """How TensorFlow runs (threads, memory, kernels, graph rewrites): not what is trained (`trainer.runtime`)."""
+
+    onednn: str = "auto"  # TF_ENABLE_ONEDNN_OPTS, read when TensorFlow is imported
+    inter_op_threads: int = 0  # 0: TensorFlow's default
+    intra_op_threads: int = 0
+    gpu_memory_growth: bool = False
+    gpu_memory_limit_mb: int = 0  # 0: no limit
+    cudnn_autotune: str = "auto"  # TF_CUDNN_USE_AUTOTUNE; auto: off under --deterministic
+    grappler: str = ""  # NAME=on|off,... (see `grappler_options`)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     towers: TowerConfig = TowerConfig()
     loop: LoopConfig = LoopConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
     seed: int = 0
     deterministic: bool = False
     flags_text: str = ""  # the absl flagfile that reproduces this run, written to model_dir/flags.txt
@@ -230,6 +267,54 @@ def normalization(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | No
     return mean, std
 
 
+def grappler_options(text: str) -> dict[str, bool]:
+    """--grappler as {option: on}, e.g. "layout_optimizer=off,remapping=off" -> {"layout_optimizer": False, ...}.
+
+    Raises:
+      ConfigError: an entry that is not NAME=on|off, or a NAME TensorFlow does not accept (listing them).
+    """
+    options = {}
+    for entry in filter(None, text.split(",")):
+        name, _, value = entry.partition("=")
+        _require(value in ("on", "off"), f"--grappler entry {entry!r} must be NAME=on or NAME=off")
+        _require(
+            name in GRAPPLER_OPTIONS,
+            f"--grappler: unknown option {name!r}; TensorFlow accepts {', '.join(GRAPPLER_OPTIONS)}",
+        )
+        options[name] = value == "on"
+    return options
+
+
+def _validate_runtime(r: RuntimeConfig, device: str, deterministic: bool) -> None:
+    _require(r.onednn in SWITCHES, f"--onednn ({r.onednn!r}) must be one of {SWITCHES}")
+    _require(r.cudnn_autotune in SWITCHES, f"--cudnn_autotune ({r.cudnn_autotune!r}) must be one of {SWITCHES}")
+    for name in ("inter_op_threads", "intra_op_threads", "gpu_memory_limit_mb"):
+        value = getattr(r, name)
+        _require(value >= 0, f"--{name} ({value}) must be >= 0 (0: TensorFlow's default)")
+    if device == "cpu":
+        for name in ("gpu_memory_growth", "gpu_memory_limit_mb"):
+            _require(
+                not getattr(r, name),
+                f"--{name} cannot apply with --device=cpu: the GPUs are hidden from TensorFlow; drop the flag",
+            )
+    _require(
+        not (r.gpu_memory_growth and r.gpu_memory_limit_mb),
+        "--gpu_memory_growth and --gpu_memory_limit_mb cannot be combined: TensorFlow refuses memory growth on a "
+        "GPU given a memory limit (a logical device configuration); pass one of them",
+    )
+    _require(
+        not (r.cudnn_autotune == "on" and deterministic),
+        "--cudnn_autotune=on cannot be --deterministic: autotuning picks cuDNN algorithms by timing them, and op "
+        "determinism already forces deterministic ones; drop --cudnn_autotune (auto is off under --deterministic)",
+    )
+    options = grappler_options(r.grappler)
+    _require(
+        not (options.get("arithmetic_optimization") and deterministic),
+        "--grappler=arithmetic_optimization=on cannot be --deterministic: it reorders the fixed-order gradient "
+        "sums, so one tower and two differ by an ulp; drop it",
+    )
+
+
 def _validate_data(d: DataConfig) -> None:
     _require(
         d.record_schema in RECORD_SCHEMAS, f"--record_schema ({d.record_schema!r}) must be one of {RECORD_SCHEMAS}"
@@ -273,4 +358,5 @@ def validate(config: RunConfig) -> RunConfig:
     _validate_loop(config.loop)
     _validate_optimizer(config.optimizer, config.loop.train_steps)
     _validate_data(config.data)
+    _validate_runtime(config.runtime, config.towers.device, config.deterministic)
     return config

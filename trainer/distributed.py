@@ -26,7 +26,7 @@ import time
 import tensorflow as tf
 
 from launch.cluster import Cluster
-from trainer import determinism, devices
+from trainer import determinism, devices, runtime
 from trainer import stop as stop_lib
 from trainer.config import RunConfig
 
@@ -173,6 +173,7 @@ def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_li
     session_config = tf.compat.v1.ConfigProto()
     if towers.device == "cpu":
         session_config.device_count["CPU"] = towers.num_towers
+    runtime.configure_worker(config.runtime, session_config)
     spec = tf.train.ClusterSpec({"worker": list(cluster.workers)})
     server = tf.distribute.Server(spec, "worker", cluster.task_index, protocol="grpc", config=session_config)
     server.start()

@@ -20,7 +20,7 @@ import data
 import models
 from launch import cluster as cluster_lib
 from trainer import attempts as attempts_lib
-from trainer import banner, determinism, devices, distributed, optim, report, rundir, spread, towers, versions
+from trainer import banner, determinism, devices, distributed, optim, report, rundir, runtime, spread, towers, versions
 from trainer import stop as stop_lib
 from trainer.asynchronous import AsyncUpdate
 from trainer.checkpoint import Checkpointer
@@ -219,8 +219,10 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         what to change.
     """
     validate(config)
+    runtime.apply(config.runtime, config.deterministic)  # threads and GPU memory: before the devices initialise
     placement = devices.resolve(config.towers)
     determinism.configure(config.seed, config.deterministic)
+    runtime.apply_grappler(config.runtime)  # after determinism's arithmetic_optimization
     inputs = resolve_inputs(config.data)
     # Every eval record once (CRCs, keys, labels; not the image decode, 8x slower): a bad eval file fails
     # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
@@ -356,6 +358,7 @@ def _final_metrics(config: RunConfig, state: Trainer, attempts: attempts_lib.Att
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
         "devices": list(state.placement.towers),
         "versions": versions.describe(),
+        "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
     }
     staleness = getattr(state.mode, "staleness_all", None)
     if staleness:  # async: over every update of this process (a resumed run counts from its restart)

@@ -42,6 +42,14 @@ MAY_CHANGE = {
     "towers.device",
     "towers.parameter_device",
     "towers.jit_compile",
+    # how TensorFlow runs, not what it computes (oneDNN's rounding aside: last digits of the loss)
+    "runtime.onednn",
+    "runtime.inter_op_threads",
+    "runtime.intra_op_threads",
+    "runtime.gpu_memory_growth",
+    "runtime.gpu_memory_limit_mb",
+    "runtime.cudnn_autotune",
+    "runtime.grappler",
 }
 # With K fixed, the towers (on one machine or several) do not change the sync result.
 SYNC_MAY_CHANGE = {"towers.num_towers", "towers.num_tasks"}
