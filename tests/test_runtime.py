@@ -15,7 +15,8 @@ SHORT = ("--device=cpu", "--train_steps=20", "--noexport", "--eval_every_steps=0
 
 
 def _run(*args, expect=0):
-    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    # what in-process runs of other tests may have set (runtime.apply under --deterministic) must not leak
+    env = {k: v for k, v in os.environ.items() if k not in (runtime.ONEDNN_ENV, runtime.AUTOTUNE_ENV)}
     result = subprocess.run(
         [sys.executable, "-m", "trainer", *args],
         cwd=ROOT,
