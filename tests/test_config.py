@@ -39,6 +39,11 @@ def _towers(**kw):
         (cfg.RunConfig(loop=cfg.LoopConfig(train_steps=0)), "--train_steps (0) must be at least 1"),
         (cfg.RunConfig(loop=cfg.LoopConfig(train_steps=10, profile_steps=(5, 20))), "--profile_steps (5,20) must"),
         (cfg.RunConfig(loop=cfg.LoopConfig(eval_every_steps=-1)), "--eval_every_steps (-1) must be >= 0"),
+        (cfg.RunConfig(loop=cfg.LoopConfig(steps_per_call=-1)), "--steps_per_call (-1) must be >= 0 (0: auto)"),
+        (
+            cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), loop=cfg.LoopConfig(steps_per_call=4)),
+            "--steps_per_call (4) is for --update_mode=sync",
+        ),
     ],
 )
 def test_validate_names_the_flag(config, message):

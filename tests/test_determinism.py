@@ -153,3 +153,28 @@ def test_cache_does_not_change_the_weights(make_config, tmp_path):
         for cache in ("none", "memory")
     ]
     assert hashes[0] == hashes[1]
+
+
+def test_steps_per_call_changes_no_bit(make_config, tmp_path, monkeypatch):
+    """Several steps per tf.function call (an in-graph loop) give the weights and the logged metrics of one
+    step per call, for fixed sizes that cut windows unevenly, auto, and other tower counts."""
+    from trainer import calls
+
+    sizes = []
+    original = calls.CallSize.size
+
+    def recorded(self, step, remaining):
+        sizes.append(original(self, step, remaining))
+        return sizes[-1]
+
+    monkeypatch.setattr(calls.CallSize, "size", recorded)
+    results = {}
+    for steps_per_call, towers in ((1, 2), (3, 1), (0, 2), (100, 4)):
+        sizes.clear()
+        name = f"spc{steps_per_call}-n{towers}"
+        results[name] = _train(make_config, tmp_path, name, towers, steps_per_call=steps_per_call, log_every_steps=5)
+        # windows of 1, 4, 5 and 2 steps: all but each window's last step run in the in-graph loop
+        assert sum(sizes) == STEPS - 4
+        assert max(sizes) == {1: 1, 3: 3, 0: 4, 100: 4}[steps_per_call]
+    values = {(r["weights_sha256"], r["train_loss"], r["train_accuracy"]) for r in results.values()}
+    assert len(values) == 1, results

@@ -69,10 +69,15 @@ def _latest_step(model_dir) -> int:
     return int(tf.train.latest_checkpoint(str(model_dir / "checkpoints")).rsplit("-", 1)[1])
 
 
-@pytest.mark.parametrize("update_mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    "update_mode, steps_per_call",
+    [("sync", 0), ("sync", 100_000), ("async", 0)],
+    ids=["sync-auto", "sync-one-call-per-window", "async"],
+)
 def test_stop_lands_after_the_step_in_progress_not_after_the_window(
-    make_config, tmp_path, built, monkeypatch, update_mode
+    make_config, tmp_path, built, monkeypatch, update_mode, steps_per_call
 ):
+    """With one call for a 5,000-step window, only the in-graph interrupt can stop it after one step."""
     saves = []  # (seconds, time.monotonic() at its end) of every save the run makes: the stop's is the last
     original_save = Checkpointer.save
 
@@ -86,7 +91,12 @@ def test_stop_lands_after_the_step_in_progress_not_after_the_window(
     config = make_config(
         deterministic=update_mode == "sync",
         towers={"update_mode": update_mode},
-        loop={"train_steps": 100_000, "log_every_steps": 5_000, "checkpoint_every_steps": 0},
+        loop={
+            "train_steps": 100_000,
+            "log_every_steps": 5_000,
+            "checkpoint_every_steps": 0,
+            "steps_per_call": steps_per_call,
+        },
     )
     stop = StepAtSignal(built)
     gc.collect()  # late in a long test session a collection of earlier tests' objects can take seconds
@@ -104,6 +114,27 @@ def test_stop_lands_after_the_step_in_progress_not_after_the_window(
     step_sec = attempt["train_sec"] * built[-1].mode.examples_per_step / attempt["examples"]
     print(f"{update_mode}: signal -> checkpoint {latency_sec:.3f} s; step {step_sec:.3f} s, save {save_sec:.3f} s")
     assert len(saves) == 1 and latency_sec <= 2 * (step_sec + save_sec) + 0.5
+
+
+def test_a_signal_reaches_a_graph_loop_while_python_handlers_wait():
+    """Python runs a signal's handler only when the TensorFlow call in progress returns; `notifying` calls
+    back at once, so a loop inside one call can stop after its current iteration (~10 ms each here)."""
+    interrupted = tf.Variable(False)
+    stop = stop_lib.StopRequest()
+
+    @tf.function
+    def spin():
+        def one(i):
+            with tf.control_dependencies([tf.py_function(lambda: time.sleep(0.01), [], [])]):
+                return i + 1
+
+        return tf.while_loop(lambda i: tf.logical_and(i < 3000, tf.logical_not(interrupted)), one, [0])
+
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+    with stop.handling(), stop.notifying(lambda: interrupted.assign(True)):
+        iterations = int(spin()[0])  # 3,000 iterations (30 s) unless interrupted
+        assert stop.signals == [signal.SIGUSR2]  # the handler ran once the call returned
+    assert 20 <= iterations <= 1000
 
 
 def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_path, monkeypatch):

@@ -102,6 +102,10 @@ class AsyncUpdate:
             metrics["gradients"] = self._last_apply["gradients"]
         return metrics
 
+    def interrupt(self) -> None:
+        """Nothing to do: `train_steps` waits for its window in Python, where a stop signal's handler runs at
+        once, and no update starts once `should_stop()` is true."""
+
     def close(self) -> None:
         """Stops and joins the tower threads."""
         self.gate.stop()

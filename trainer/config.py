@@ -131,6 +131,7 @@ class LoopConfig:
     max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/rundir.py)
     cluster_timeout_sec: float = 300.0  # several tasks: how long chief and workers wait for each other
+    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.calls); 0: auto
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +239,7 @@ def _validate_loop(lp: LoopConfig) -> None:
     _require(lp.keep_checkpoints >= 1, f"--keep_checkpoints ({lp.keep_checkpoints}) must be at least 1")
     _require(lp.cluster_timeout_sec > 0, f"--cluster_timeout_sec ({lp.cluster_timeout_sec}) must be positive")
     _require(lp.max_requeues >= 0, f"--max_requeues ({lp.max_requeues}) must be >= 0 (0: never requeue)")
+    _require(lp.steps_per_call >= 0, f"--steps_per_call ({lp.steps_per_call}) must be >= 0 (0: auto)")
 
 
 def normalization(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -354,6 +356,11 @@ def validate(config: RunConfig) -> RunConfig:
         "--mixed_precision=fp16 cannot be --update_mode=async: a gradient in flight would be unscaled with the "
         "loss scale of the moment it lands, not the one it was computed with (2x or 0.5x updates). Use "
         "--mixed_precision=bf16 (no loss scaling) with async, or sync with fp16.",
+    )
+    _require(
+        not (config.loop.steps_per_call and config.towers.update_mode == "async"),
+        f"--steps_per_call ({config.loop.steps_per_call}) is for --update_mode=sync: async towers apply one "
+        "update per call each, in their own threads. Leave it at 0 with async.",
     )
     _validate_loop(config.loop)
     _validate_optimizer(config.optimizer, config.loop.train_steps)

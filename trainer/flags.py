@@ -223,6 +223,12 @@ def _define_loop_flags() -> None:
         "A,B: record a TensorFlow profiler trace of steps A+1..B into "
         "model_dir/train (TensorBoard's Profile tab, with tensorboard-plugin-profile).",
     )
+    flags.DEFINE_integer(
+        "steps_per_call",
+        0,
+        "Sync: steps per tf.function call, run in an in-graph loop (same bits for any value; a stop signal "
+        "still ends the run after the step in progress); 0: auto, calls of ~0.5 s.",
+    )
     flags.DEFINE_integer("keep_checkpoints", 3, "Newest checkpoints kept, at least 1.")
     flags.DEFINE_integer(
         "max_requeues",
@@ -380,6 +386,7 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.max_requeues,
             f.allow_flag_changes,
             f.cluster_timeout_sec,
+            steps_per_call=f.steps_per_call,
         ),
         runtime=cfg.RuntimeConfig(
             f.onednn,

@@ -63,7 +63,8 @@ class Loop:
 
     Args:
       mode: has `train_steps(n, want_gradients, should_stop) -> dict` (`steps` run, then tensors),
-        `global_step`, `examples_per_step`.
+        `interrupt()` (thread-safe: end the call in progress after its step), `global_step`,
+        `examples_per_step`.
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.
@@ -137,14 +138,16 @@ class Loop:
         step = self.start_step = self._step()
         self.training_since = time.monotonic()
         marks = (*(c.profile_steps or ()), step + 1)  # the first step of a start is a window of its own
-        while step < c.train_steps:
-            self._stop_if_requested(step)
-            n = steps_to_next_event(step, c.train_steps, cadences, marks)
-            ran = self._train_window(step, n)
-            step = self._step()
-            self._stop_if_requested(step)  # before any event due at this step
-            if ran == n:
-                self._events(step)
+        # A signal interrupts the mode's call in progress after its step, not after its last step.
+        with self.stop.notifying(self.mode.interrupt):
+            while step < c.train_steps:
+                self._stop_if_requested(step)
+                n = steps_to_next_event(step, c.train_steps, cadences, marks)
+                ran = self._train_window(step, n)
+                step = self._step()
+                self._stop_if_requested(step)  # before any event due at this step
+                if ran == n:
+                    self._events(step)
         self._save(step)
         if not self.last_eval or self.last_eval.get("step") != step:
             self._evaluate(step, final=True)

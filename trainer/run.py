@@ -320,6 +320,8 @@ def _make_mode(config: RunConfig, model, optimizer, placement, global_step, iter
         iterators,
         clip_global_norm=clip,
         jit_compile=t.jit_compile,
+        steps_per_call=config.loop.steps_per_call,
+        profile_steps=config.loop.profile_steps,
     )
 
 

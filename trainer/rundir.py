@@ -32,6 +32,7 @@ MAY_CHANGE = {
     "loop.keep_checkpoints",
     "loop.export",
     "loop.profile_steps",
+    "loop.steps_per_call",  # the same bits for every call size
     "loop.max_requeues",
     "loop.allow_flag_changes",
     "loop.cluster_timeout_sec",

@@ -11,6 +11,7 @@ first seconds of a run still ends it cleanly.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -54,6 +55,7 @@ class StopRequest:
         self.signals: list[int] = []
         self.first_at: float | None = None  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
+        self._wakeup_write: int | None = None  # the pipe `notifying` watches, while it does
 
     @property
     def requested(self) -> bool:
@@ -69,6 +71,9 @@ class StopRequest:
         if self.first_at is None:
             self.first_at = time.monotonic()
         self.signals.append(signum)
+        if self._wakeup_write is not None:  # a call from Python (tests) rather than a real signal: tell too
+            with contextlib.suppress(OSError):
+                os.write(self._wakeup_write, bytes([signum]))
 
     def install(self) -> bool:
         """Installs `handle` for every stop signal not yet handled by it; returns whether it installed any.
@@ -112,8 +117,49 @@ class StopRequest:
                 self.uninstall()
                 self.clear()
 
+    @contextlib.contextmanager
+    def notifying(self, callback):
+        """Calls `callback()` from a helper thread as soon as a stop signal arrives, also while the main
+        thread is inside a TensorFlow call.
+
+        Python runs signal handlers in the main thread between bytecodes, so a handler waits until the
+        TensorFlow call in progress returns: with several steps per call (`trainer.sync`), that could be
+        many steps. The C-level handler, though, writes the signal number to the wakeup fd at once; a thread
+        reading it calls `callback` (e.g. setting a flag the in-graph loop checks before every step).
+        `handle` also writes there, for stops recorded without a signal. Outside the main thread, where no
+        wakeup fd can be set, only those are seen.
+        """
+        read, write = os.pipe()
+        os.set_blocking(write, False)  # a wakeup fd must never block the signal handler
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self._wakeup_write = write
+        watcher = threading.Thread(target=_watch, args=(read, callback), name="stop-watcher", daemon=True)
+        watcher.start()
+        try:
+            yield self
+        finally:
+            if previous is not None:
+                signal.set_wakeup_fd(previous)
+            self._wakeup_write = None
+            os.write(write, b"\0")  # not a signal number: the watcher returns
+            watcher.join()
+            os.close(read)
+            os.close(write)
+
     def describe(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "no signal"
+
+
+def _watch(read: int, callback) -> None:
+    """Reads signal numbers from `read` until a 0; calls `callback` for each stop signal."""
+    while True:
+        for signum in os.read(read, 64):
+            if signum == 0:
+                return
+            if signum in STOP_SIGNALS:
+                callback()
 
 
 REQUEST = StopRequest()

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from trainer import spread
 from trainer import towers as tw
+from trainer.calls import CallSize
 from trainer.devices import Placement, tower_of_micro_batch
 from trainer.stop import Diverged
 
@@ -37,6 +38,8 @@ class SyncUpdate:
       iterators: K `trainer.inputs.PlacedIterator`s; iterator j yields micro-batch j of every step.
       clip_global_norm: clip the averaged gradient to this global norm; 0 turns clipping off.
       jit_compile: XLA-compile each tower's forward and backward pass.
+      steps_per_call: steps per `tf.function` call (`trainer.calls.CallSize`); 0: as many as take ~0.5 s.
+      profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
     unscales, skipping the update and halving the scale when a gradient is not finite.
@@ -52,6 +55,8 @@ class SyncUpdate:
         iterators,
         clip_global_norm: float = 0.0,
         jit_compile: bool = False,
+        steps_per_call: int = 0,
+        profile_steps: tuple[int, int] | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -69,61 +74,104 @@ class SyncUpdate:
             [spread.device_of(v) for v in model.non_trainable_variables],
         )
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
-        self._step_fn = tf.function(self._step)
+        self._report_fn = tf.function(self._step)
+        self._lean_fn = tf.function(self._lean_steps)
+        self._calls = CallSize(steps_per_call, profile_steps)
+        with tf.device(placement.host):  # read by the in-graph loop before every step
+            self._interrupted = tf.Variable(False, trainable=False, name="interrupted")
         self.latest_loss = None  # the last step's loss (a tensor), for the live progress line
         self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
-        """Runs up to `num_steps` updates, fewer when `should_stop()` turns true (checked after every step).
+        """Runs up to `num_steps` updates, fewer when `should_stop()` turns true or `interrupt()` is called.
         Returns `steps` (how many ran), `traced_steps` and `traced_sec` (steps that traced a graph, and their
         wall time), and tensors: the mean loss, accuracy and gradient norm over the steps and, when all ran,
         the last step's learning rate and per-tower times (and averaged gradients if asked).
 
-        Only the last step measures tower times (and returns gradients): the other steps run a leaner trace.
+        The first n-1 steps run in calls of several steps each (an in-graph loop, `steps_per_call`), which
+        stop after the step in progress when interrupted; `should_stop` is asked after every call. The last
+        step is a call of its own that also measures tower times (and returns gradients).
 
         Raises:
           Diverged: a step's loss or gradient was not finite (that update was not applied).
         """
-        losses, correct, norms, metrics, previous = [], [], [], {}, None
-        if self._step_number is None:  # after the restore
-            self._step_number = int(self.global_step.numpy())
-        traced = {"traced_steps": 0, "traced_sec": 0.0}
-        for i in range(num_steps):
-            report = i == num_steps - 1
-            metrics = self._timed_step(report, report and want_gradients, traced)
-            # Reading the previous step's flag, not this one's, keeps the host one step ahead of the device.
-            self._raise_if_diverged(previous)
-            previous = (metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
-            losses.append(metrics.pop("loss"))
-            correct.append(metrics.pop("correct"))
-            norms.append(metrics.pop("grad_norm"))
-            self.latest_loss = losses[-1]
-            if not report and should_stop is not None and should_stop():
-                metrics = {}  # a lean step's leftovers: nothing to report
-                break
-        self._raise_if_diverged(previous)
-        steps = len(losses)
-        metrics["loss"] = tw.ordered_mean(losses)
-        metrics["grad_norm"] = tw.ordered_mean(norms)
-        metrics["accuracy"] = tf.cast(tw.ordered_sum(correct), tf.float32) / (steps * self.examples_per_step)
+        totals, traced, done = self._zero_totals(), {"traced_steps": 0, "traced_sec": 0.0}, 0
+        while done < num_steps - 1:
+            ran, totals = self._lean_call(num_steps - 1 - done, totals, traced)
+            done += ran
+            if should_stop is not None and should_stop():
+                return {"steps": done, **traced}  # a cut window: nothing to report, the run checkpoints next
+            if self._interrupted.numpy():
+                return {"steps": done, **traced}
+        metrics = self._timed(self._report_fn, 1, traced, report=True, want_gradients=want_gradients)
+        self._raise_if_diverged(metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
+        self.latest_loss = metrics["loss"]
+        steps = done + 1
+        metrics["loss"] = (totals[0] + metrics["loss"]) / steps
+        metrics["accuracy"] = tf.cast(totals[1] + metrics.pop("correct"), tf.float32) / (steps * self.examples_per_step)
+        metrics["grad_norm"] = (totals[2] + metrics["grad_norm"]) / steps
         return {"steps": steps, **traced, **metrics}
 
-    def _timed_step(self, report: bool, want_gradients: bool, traced: dict) -> dict:
-        """One step; a step that traced a graph adds its wall time to `traced` (rates leave it out)."""
-        tracing_count = self._step_fn.experimental_get_tracing_count()
-        start = time.perf_counter()
-        self._step_number += 1
-        with tf.profiler.experimental.Trace("train", step_num=self._step_number, _r=1):  # the profiler's step
-            metrics = self._step_fn([it.iterator for it in self.iterators], report, want_gradients)
-        if self._step_fn.experimental_get_tracing_count() != tracing_count:
-            traced["traced_steps"] += 1
-            traced["traced_sec"] += time.perf_counter() - start
-        return metrics
+    def interrupt(self) -> None:
+        """Ends the call in progress after its current step (thread-safe; `trainer.stop` calls it from its
+        watcher thread when a stop signal arrives, while Python handlers wait for the call to return)."""
+        self._interrupted.assign(True)
 
-    def _raise_if_diverged(self, flags) -> None:
-        if flags is None or bool(flags[0]):
+    def _zero_totals(self):
+        return (tf.constant(0.0), tf.constant(0, tf.int32), tf.constant(0.0))
+
+    def _lean_call(self, remaining: int, totals, traced: dict):
+        """One call of lean steps (at most `remaining`); returns how many ran and the running sums after
+        them. The sums are carried through every call in step order, so they are the same for any call size."""
+        num_steps = self._calls.size(self._global_step_number(), remaining)
+        start, traced_before = time.perf_counter(), traced["traced_steps"]
+        out = self._timed(self._lean_fn, num_steps, traced, tf.constant(num_steps, tf.int32), totals)
+        ran, finite, totals, last_loss, step, bad = out
+        ran = int(ran)
+        if traced["traced_steps"] == traced_before:
+            self._calls.ran(ran, time.perf_counter() - start)
+        self._step_number += ran - num_steps  # fewer than asked: interrupted or not finite
+        self._raise_if_diverged(finite, step, bad)
+        self.latest_loss = last_loss
+        return ran, totals
+
+    def _timed(self, function, num_steps: int, traced: dict, *args, **kwargs):
+        """Calls a step function under the profiler's step marker; a call that traced a graph adds its
+        steps and wall time to `traced` (rates leave them out)."""
+        tracing_count = function.experimental_get_tracing_count()
+        start = time.perf_counter()
+        self._step_number = self._global_step_number() + num_steps
+        with tf.profiler.experimental.Trace("train", step_num=self._step_number, _r=1):  # the profiler's step
+            result = function([it.iterator for it in self.iterators], *args, **kwargs)
+        if function.experimental_get_tracing_count() != tracing_count:
+            traced["traced_steps"] += num_steps
+            traced["traced_sec"] += time.perf_counter() - start
+        return result
+
+    def _global_step_number(self) -> int:
+        """The global step before the next call, tracked on the host (read once, after the restore)."""
+        if self._step_number is None:
+            self._step_number = int(self.global_step.numpy())
+        return self._step_number
+
+    def _lean_steps(self, iterators, num_steps, totals):
+        """Up to `num_steps` steps in one graph: ends early at a step that was not finite (its update not
+        applied) or once interrupted. Returns (steps run, finite, sums, last loss, step, bad micro-batch)."""
+
+        def keep_going(i, finite, *_):
+            return tf.logical_and(tf.logical_and(i < num_steps, finite), tf.logical_not(self._interrupted))
+
+        def one_step(i, finite, totals, last_loss, step, bad):
+            m = self._step(iterators, report=False, want_gradients=False)
+            totals = (totals[0] + m["loss"], totals[1] + m["correct"], totals[2] + m["grad_norm"])
+            return i + 1, m["finite"], totals, m["loss"], m["step"], m["bad_micro_batch"]
+
+        start = (tf.constant(0), tf.constant(True), totals, tf.constant(0.0), self.global_step.read_value(), -1)
+        return tf.while_loop(keep_going, one_step, start)
+
+    def _raise_if_diverged(self, finite, step, micro_batch) -> None:
+        if bool(finite):
             return
-        _, step, micro_batch = flags
         where = "the gradient"
         if int(micro_batch) >= 0:
             tower = tower_of_micro_batch(int(micro_batch), self.num_micro_batches, len(self.placement.towers))
