@@ -158,16 +158,17 @@ def test_cache_does_not_change_the_weights(make_config, tmp_path):
 def test_steps_per_call_changes_no_bit(make_config, tmp_path, monkeypatch):
     """Several steps per tf.function call (an in-graph loop) give the weights and the logged metrics of one
     step per call, for fixed sizes that cut windows unevenly, auto, and other tower counts."""
-    from trainer import calls
+    from trainer.sync import SyncUpdate
 
-    sizes = []
-    original = calls.CallSize.size
+    sizes = []  # steps each in-graph loop call ran
+    original = SyncUpdate._lean_call
 
-    def recorded(self, step, remaining):
-        sizes.append(original(self, step, remaining))
-        return sizes[-1]
+    def recorded(self, remaining, totals, traced):
+        ran, totals = original(self, remaining, totals, traced)
+        sizes.append(ran)
+        return ran, totals
 
-    monkeypatch.setattr(calls.CallSize, "size", recorded)
+    monkeypatch.setattr(SyncUpdate, "_lean_call", recorded)
     results = {}
     for steps_per_call, towers in ((1, 2), (3, 1), (0, 2), (100, 4)):
         sizes.clear()

@@ -53,7 +53,7 @@ class LogInterval:
     @property
     def examples_per_sec(self) -> float | None:
         """None when every step of the interval traced (the first log line of a start)."""
-        return self.rate_examples / self.rate_seconds if self.rate_seconds > 0 else None
+        return self.rate_examples / self.rate_seconds if self.rate_seconds > 0 and self.rate_examples else None
 
     def scalars(self) -> dict:
         """The train scalars of the interval, by TensorBoard tag (`tower_step_sec` a per-tower list)."""

@@ -74,7 +74,7 @@ class SyncUpdate:
             [spread.device_of(v) for v in model.non_trainable_variables],
         )
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
-        self._report_fn = tf.function(self._step)
+        self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
         self._calls = CallSize(steps_per_call, profile_steps)
         with tf.device(placement.host):  # read by the in-graph loop before every step
@@ -103,7 +103,7 @@ class SyncUpdate:
                 return {"steps": done, **traced}  # a cut window: nothing to report, the run checkpoints next
             if self._interrupted.numpy():
                 return {"steps": done, **traced}
-        metrics = self._timed(self._report_fn, 1, traced, report=True, want_gradients=want_gradients)
+        metrics = self._timed(self._step_fn, 1, traced, report=True, want_gradients=want_gradients)
         self._raise_if_diverged(metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
         self.latest_loss = metrics["loss"]
         steps = done + 1
@@ -124,6 +124,8 @@ class SyncUpdate:
         """One call of lean steps (at most `remaining`); returns how many ran and the running sums after
         them. The sums are carried through every call in step order, so they are the same for any call size."""
         num_steps = self._calls.size(self._global_step_number(), remaining)
+        if self._lean_fn.experimental_get_tracing_count() == 0:
+            num_steps = 1  # the call that traces: its steps are left out of rates, so only one
         start, traced_before = time.perf_counter(), traced["traced_steps"]
         out = self._timed(self._lean_fn, num_steps, traced, tf.constant(num_steps, tf.int32), totals)
         ran, finite, totals, last_loss, step, bad = out
