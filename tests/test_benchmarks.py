@@ -122,3 +122,18 @@ def test_input_takes_no_training_benchmark_options():
         check=False,
     )
     assert done.returncode == 2 and "--input takes only --smoke and --out" in done.stderr
+
+
+def test_step_overhead_prints_the_four_loops():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.step_overhead", "--steps=3", "--windows=1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.rsplit(None, 2) for line in done.stdout.splitlines() if line.endswith("ms/step")]
+    names = ["plain", "plain in-graph loop", "towerflow, 1 per call", "towerflow, auto"]
+    assert [name.strip() for name, _, _ in rows] == names
+    assert all(float(ms) > 0 for _, ms, _ in rows)
