@@ -230,7 +230,7 @@ def make_dataset(
         if cache is None:
             parse = batch_parser(info, num_classes, preprocess=preprocess, training=True, stream_key=key)
             records = _training_records(share, seed, shuffle_buffer, bad_records.chunk_reader(info), start)
-            batches = records.batch(batch_size, drop_remainder=drop)
+            batches = _position_batches(records, batch_size, drop)
         else:
             parse = cached_parser(_checked(cache, share, worker_index), info, preprocess or Preprocess(), key)
             stream = _stream_order(cache, share, seed, shuffle_buffer)
@@ -303,12 +303,12 @@ def _check_dataset_args(batch_size: int, worker_index: int, num_workers: int, sh
 
 
 def _training_records(share, seed: int, shuffle_buffer: int, read_chunks, start: tuple[int, int]) -> tf.data.Dataset:
-    """(position, record) pairs forever, epoch after epoch, from `start` = (epoch, record index) on.
+    """(e, (i + 1, record)) forever, epoch after epoch, from `start` = (epoch, record index) on.
 
     Epoch e is a pipeline of its own, seeded by (seed, e): its files in a random order, read in parallel but
     deterministically, its records shuffled. So record i of epoch e is a function of (seed, e, i) alone, and
     a position is resumed by rebuilding epoch e and skipping i records (read, not decoded: at most one
-    epoch's bytes of this worker's share). `position` is (e, i + 1): where the next record is.
+    epoch's bytes of this worker's share). The record's position is (e, i + 1): where the next record is.
     """
     own_files, share_index, shares = share
     first_epoch, first_record = start
@@ -336,10 +336,18 @@ def _training_records(share, seed: int, shuffle_buffer: int, read_chunks, start:
         # Shuffle the serialized records, not the decoded float tensors: the buffer (in memory) is then as
         # small as the files, e.g. ~100 KB per ImageNet JPEG instead of 600 KB.
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
-        return records.enumerate().map(lambda i, record: (tf.stack([epoch, i + 1]), record))
+        # The position (e, i + 1) is stacked per batch (`_position_batches`), not per record: a map per record
+        # cost 3.7 ms of CPU per batch of 128 digits, where the whole order costs 0.7 ms without it.
+        return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(epoch).repeat(), records.enumerate(start=1))
 
     resumed = epoch_records(tf.constant(first_epoch, tf.int64)).skip(first_record)
     return resumed.concatenate(tf.data.Dataset.counter(first_epoch + 1).flat_map(epoch_records))
+
+
+def _position_batches(records: tf.data.Dataset, batch_size: int, drop: bool) -> tf.data.Dataset:
+    """(positions int64 [B, 2], records [B]) batches of `_training_records`."""
+    batches = records.batch(batch_size, drop_remainder=drop)
+    return batches.map(lambda epochs, pairs: (tf.stack([epochs, pairs[0]], axis=1), pairs[1]))
 
 
 def _training_share(files: tuple[str, ...], worker_index: int, num_workers: int) -> tuple[list[str], int, int]:

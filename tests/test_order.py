@@ -28,10 +28,10 @@ def _id_reader(counts):
 
 
 def _reader_stream(counts, seed, shuffle_buffer, share_index, shares, start, num_records):
-    """`num_records` (position, id) pairs of the reader's own pipeline over ids."""
+    """Positions and ids of the first `num_records` records of the reader's own pipeline over ids."""
     share = ([str(f) for f in range(len(counts))], share_index, shares)
     records = reader._training_records(share, seed, shuffle_buffer, _id_reader(counts), start)
-    positions, ids = records.batch(num_records).take(1).get_single_element()
+    positions, ids = reader._position_batches(records, num_records, True).take(1).get_single_element()
     return positions.numpy(), ids.numpy()
 
 
