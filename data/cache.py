@@ -2,10 +2,11 @@
 
 `decode_records` reads the stream's files once, as the reader does (same chunks, same corrupt-record
 accounting), and keeps every record's label and decoded uint8 image, before any resize, crop or random
-step. The stream then runs the reader's position-keyed epoch order (file shuffle, chunk shuffles, shuffle
-buffer) over record ids instead of serialized records: the same permutations, so a cached and an uncached run
-see the same examples in the same order and compute the same batches, bit for bit, and a resume is the same
-(epoch, record) position. No file is read after the first pass, and nothing is parsed or decoded again.
+step. The stream then computes the reader's position-keyed epoch order (file shuffle, interleave, chunk
+shuffles, shuffle buffer) over record ids, one epoch at a time (`data.order`), and gathers each batch's images
+by id: the same permutations, so a cached and an uncached run see the same examples in the same order and
+compute the same batches, bit for bit, and a resume is the same (epoch, record) position. No file is read
+after the first pass, and nothing is parsed or decoded again.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from data import integrity
 from data import schema as schema_lib
 from data.schema import DataError, RecordInfo
 
@@ -55,24 +55,6 @@ class DecodedRecords:
             return tf.gather(self.images, record_id)
         start, end = self.offsets[record_id], self.offsets[record_id + 1]
         return tf.reshape(self.flat[start:end], self.shapes[record_id])
-
-    def chunk_reader(self):
-        """`read(path) -> dataset of int64 id vectors`: the file's record ids in the chunks (and the empty
-        end marker) `BadRecords.chunk_reader` gives its records, so the reader's chunk shuffles match."""
-        paths = tf.constant(list(self.files))
-        start_of = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(paths, tf.constant(self.starts, tf.int64)), -1
-        )
-        count_of = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(paths, tf.constant(self.counts, tf.int64)), -1
-        )
-
-        def read(path: tf.Tensor) -> tf.data.Dataset:
-            start = start_of.lookup(path)
-            ids = tf.data.Dataset.range(start, start + count_of.lookup(path)).batch(integrity.CHUNK)
-            return ids.concatenate(tf.data.Dataset.from_tensors(tf.zeros([0], tf.int64)))
-
-        return read
 
 
 def decode_records(info: RecordInfo, files, num_classes: int | None, bad_records) -> DecodedRecords:
