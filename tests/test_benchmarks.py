@@ -181,6 +181,19 @@ def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
     assert run["pipelines"][0]["mean_jpeg_bytes"] > 10_000  # 500x375 photo-like JPEGs, not a few bytes
     assert [need["cores_per_gpu"] > 0 for need in run["gpu_needs"]] == [True, True]
     assert "cores of (c)" in done.stdout
+    assert [row["name"] for row in run["small_pipelines"]] == list(input_pipelines.SMALL_PIPELINES)
+    costs = run["augmentation_costs"]
+    assert [(c["augment"], c["pipeline"].split(",")[0]) for c in costs] == [
+        ("imagenet", "500x375 JPEG files -> 224x224 (none: resize whole)"),
+        ("flip", "32x32 PNG records"),
+        ("crop_flip", "32x32 PNG records"),
+        ("crop_flip", "32x32 PNG records"),
+    ]
+    for cost in costs:  # the difference of two positive per-image costs, and its share of the first
+        assert cost["us_per_image"] > 0 and cost["us_per_image_none"] > 0
+        assert cost["cost_us_per_image"] == pytest.approx(cost["us_per_image"] - cost["us_per_image_none"])
+        assert cost["share_of_pipeline"] == pytest.approx(cost["cost_us_per_image"] / cost["us_per_image"])
+        assert f"--augment={cost['augment']} on {cost['pipeline']}" in done.stdout
 
 
 def test_input_takes_no_training_benchmark_options():
