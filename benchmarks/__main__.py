@@ -1,6 +1,6 @@
 """`python -m benchmarks`: towerflow's throughput as a ratio to reference training loops, one row per figure.
 
-    python -m benchmarks                      # full run (both settings, ~15 min on 2 cores)
+    python -m benchmarks                      # full run (both settings, ~20 min on 2 cores)
     python -m benchmarks --quick --out benchmarks/results-quick.json
     python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
     python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
