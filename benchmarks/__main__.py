@@ -1,6 +1,6 @@
 """`python -m benchmarks`: towerflow's throughput as a ratio to reference training loops, one row per figure.
 
-    python -m benchmarks                      # full run (both settings, ~15 min on 2 cores)
+    python -m benchmarks                      # full run (both settings, ~20 min on 2 cores)
     python -m benchmarks --quick --out benchmarks/results-quick.json
     python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
     python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
@@ -34,7 +34,8 @@ def _names(text: str) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="fewer, shorter windows; cnn-digits only (< 5 min)")
+    quick_help = "fewer, shorter windows; cnn-digits only, runtime figures only with --only (< 5 min)"
+    size.add_argument("--quick", action="store_true", help=quick_help)
     size.add_argument("--smoke", action="store_true", help="tiny windows, to check that everything runs")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--input", action="store_true", help="time the input pipeline alone on synthetic JPEGs")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     size = _size(args, parser)
     all_figures = [f for name in size.settings for f in figure_defs.figures(SETTINGS[name], size)]
     try:
-        selected = figure_defs.select(all_figures, args.only)
+        selected = figure_defs.select(all_figures, args.only, size)
     except ValueError as e:
         parser.error(str(e))
     from trainer import config  # no TensorFlow: which update modes this tree has

@@ -22,11 +22,47 @@ NAMES = (
     "xla_vs_default",
     "bf16_vs_fp32",
     "fp16_vs_fp32",
+    "onednn_off_vs_on",
+    "intra_op_1_vs_default",
+    "inter_op_1_vs_default",
+    "augment_vs_none",
 )
 # Figures also run on the compute-bound setting (full run); the others take too long there: 100-step
-# histogram windows of 0.3 s steps, fp16 without CPU kernels, async threads at 4 towers.
+# histogram windows of 0.3 s steps, fp16 without CPU kernels, async threads at 4 towers. The runtime and
+# augmentation figures run on both: how much a kernel library, a thread pool or a per-image map matters
+# depends on how heavy the step is.
 HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tfrecord_vs_memory",
-         "deterministic_vs_default", "xla_vs_default", "bf16_vs_fp32")  # fmt: skip
+         "deterministic_vs_default", "xla_vs_default", "bf16_vs_fp32", "onednn_off_vs_on",
+         "intra_op_1_vs_default", "inter_op_1_vs_default", "augment_vs_none")  # fmt: skip
+# How TensorFlow runs on this machine, not how towerflow's code performs: they do not move when towerflow
+# changes, so --quick (run after changes) leaves them out unless --only names them (or their group).
+RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
+# --augment=auto of each setting's model (trainer.inputs.AUTO_AUGMENT; the parent imports no TensorFlow, a
+# test checks they agree). The digits models get none there (a flipped 2 is no 2); here flip, the cheapest
+# kind: its cost next to a 20 ms step, not a recommendation.
+AUTO_AUGMENT = {"resnet20": "crop_flip", "resnet50": "imagenet"}
+
+
+def augment_kind(setting: Setting) -> str:
+    """The augmentation `augment_vs_none` times on `setting`."""
+    return AUTO_AUGMENT.get(setting.model, "flip")
+
+
+def runtime_figures(setting: Setting) -> list[Figure]:
+    """oneDNN and thread pools, each against TensorFlow's default in its own worker (process-wide options).
+
+    One intra-op thread: what a run gives up when it shares the machine by taking one core (e.g. two runs on
+    2 cores, or data-loading processes next to it). One inter-op thread at 2 towers: the towers' ops, and
+    independent ops within a tower, then run one after the other instead of side by side.
+    """
+    group = "runtime"
+    return [
+        Figure("onednn_off_vs_on", setting, Side("towerflow", onednn="off"), Side("towerflow", onednn="on"),
+               group=group),
+        Figure("intra_op_1_vs_default", setting, Side("towerflow", intra_op_threads=1), TOWERFLOW, group=group),
+        Figure("inter_op_1_vs_default", setting, Side("towerflow", 2, inter_op_threads=1), Side("towerflow", 2),
+               group=group),
+    ]  # fmt: skip
 
 
 def figures(setting: Setting, size: Size) -> list[Figure]:
@@ -63,6 +99,14 @@ def figures(setting: Setting, size: Size) -> list[Figure]:
         Figure("xla_vs_default", setting, Side("towerflow", jit_compile=True), TOWERFLOW),
         Figure("bf16_vs_fp32", setting, Side("towerflow", mixed_precision="bf16"), TOWERFLOW),
         Figure("fp16_vs_fp32", setting, Side("towerflow", mixed_precision="fp16"), TOWERFLOW),
+        *runtime_figures(setting),
+        # Both sides read the records (decoded images cached in memory, as --cache=auto does for these sizes).
+        Figure(
+            "augment_vs_none",
+            setting,
+            Side("towerflow", input="tfrecord", augment=augment_kind(setting)),
+            Side("towerflow", input="tfrecord"),
+        ),
     ]
     assert tuple(f.name for f in found) == NAMES
     if setting.data != "digits":
@@ -70,14 +114,15 @@ def figures(setting: Setting, size: Size) -> list[Figure]:
     return found
 
 
-def select(all_figures: list[Figure], only: list[str]) -> list[Figure]:
-    """The figures named in `only` (a figure's name or group); all of them when `only` is empty.
+def select(all_figures: list[Figure], only: list[str], size: Size) -> list[Figure]:
+    """The figures named in `only` (a figure's name or group); when `only` is empty, all of them, but for
+    the RUNTIME figures when `size` leaves them out.
 
     Raises:
       ValueError: a name that is no figure or group, listing the valid names.
     """
     if not only:
-        return all_figures
+        return [f for f in all_figures if size.runtime_figures or f.name not in RUNTIME]
     known = set(NAMES) | {f.group for f in all_figures if f.group}
     unknown = [name for name in only if name not in known]
     if unknown:

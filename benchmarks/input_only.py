@@ -5,6 +5,10 @@ times each pipeline of `benchmarks.input_pipelines` on one core (tf.data's priva
 no intra-op parallelism) and on all cores, as the median images/s of several timed windows after a warm-up.
 Ratios are to (a), `tf.io.decode_jpeg` alone on the same bytes: the practical ceiling of a JPEG pipeline.
 From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed.
+
+Then the same for `input_pipelines.SMALL_PIPELINES` on the 32x32x3 records of the resnet20-synth setting, and
+what each --augment kind costs per image, in microseconds of a core: its pipeline's one-core cost per image
+minus that of the same pipeline with --augment=none.
 """
 
 from __future__ import annotations
@@ -43,6 +47,20 @@ SIZES = {
     "full": InputSize("full", num_records=512, batch_size=32, warmup_batches=16, windows=5, batches_per_window=16),
     "smoke": InputSize("smoke", num_records=8, batch_size=4, warmup_batches=2, windows=1, batches_per_window=2),
 }
+# 32x32 records: the resnet20-synth setting's 2048, its batch of 64; a window is 4 epochs (an epoch of cached
+# 32x32 images takes ~0.1 s, too short to time on a shared machine).
+SMALL_SETTING = "resnet20-synth"
+SMALL_SIZES = {
+    "full": InputSize("full", num_records=2048, batch_size=64, warmup_batches=32, windows=5, batches_per_window=128),
+    "smoke": InputSize("smoke", num_records=2048, batch_size=16, warmup_batches=2, windows=1, batches_per_window=4),
+}
+# --augment kind -> (its pipeline, the same pipeline with --augment=none, what the pipeline is)
+AUGMENT_PAIRS = (
+    ("imagenet", "towerflow_imagenet", "towerflow_none", "500x375 JPEG files -> 224x224 (none: resize whole)"),
+    ("flip", "small_cached_flip", "small_cached_none", "32x32 PNG records, decoded in memory"),
+    ("crop_flip", "small_cached_crop_flip", "small_cached_none", "32x32 PNG records, decoded in memory"),
+    ("crop_flip", "small_files_crop_flip", "small_files_none", "32x32 PNG records, read and decoded"),
+)
 
 
 def write_jpegs(out_dir: str, num_records: int) -> str:
@@ -81,23 +99,60 @@ def time_pipeline(dataset, size: InputSize) -> dict:
     }
 
 
+def _time_rows(pipelines: dict, build, size: InputSize) -> list[dict]:
+    """Times `build(name, one_core)` for every pipeline on one core, then on all cores: one dict each."""
+    rows = []
+    for name, (label, what) in pipelines.items():
+        row = {"name": name, "label": label, "what": what}
+        for cores, one_core in (("one_core", True), ("all_cores", False)):
+            row[cores] = time_pipeline(build(name, one_core), size)
+            print(f"  {label}: {cores} {row[cores]['median_images_per_sec']:,.0f} images/s", flush=True)
+        rows.append(row)
+    return rows
+
+
 def measure(size: InputSize, work_dir: str) -> list[dict]:
-    """Every pipeline on one core, then on all cores: one dict per pipeline."""
+    """Every JPEG pipeline (`input_pipelines.PIPELINES`): one dict per pipeline."""
     from benchmarks import input_pipelines as pipelines
 
     pattern = write_jpegs(work_dir, size.num_records)
     encoded = pipelines.load_encoded(pattern)
-    rows = []
-    for name, (label, what) in pipelines.PIPELINES.items():
-        row = {"name": name, "label": label, "what": what}
-        for cores, one_core in (("one_core", True), ("all_cores", False)):
-            dataset = pipelines.build(name, pattern, encoded, size.batch_size, one_core)
-            row[cores] = time_pipeline(dataset, size)
-            print(f"  {label}: {cores} {row[cores]['median_images_per_sec']:,.0f} images/s", flush=True)
-        rows.append(row)
+    rows = _time_rows(
+        pipelines.PIPELINES,
+        lambda name, one_core: pipelines.build(name, pattern, encoded, size.batch_size, one_core),
+        size,
+    )
     encoded_bytes = [len(b) for b in encoded.numpy()]
     rows[0]["mean_jpeg_bytes"] = statistics.mean(encoded_bytes)
     return rows
+
+
+def measure_small(size: InputSize) -> list[dict]:
+    """Every 32x32 pipeline (`input_pipelines.SMALL_PIPELINES`) on the resnet20-synth setting's records."""
+    from benchmarks import input_pipelines as pipelines
+    from benchmarks import records
+    from benchmarks.plan import SETTINGS
+
+    pattern = records.ensure_records(SETTINGS[SMALL_SETTING])["train"]
+    return _time_rows(
+        pipelines.SMALL_PIPELINES,
+        lambda name, one_core: pipelines.small(name, pattern, size.batch_size, one_core),
+        size,
+    )
+
+
+def augmentation_costs(rows: list[dict]) -> list[dict]:
+    """Per --augment kind and pipeline: microseconds of a core per image with and without it, their
+    difference (what the augmentation costs) and its share of the augmented pipeline's cost."""
+    by_name = {row["name"]: row for row in rows}
+    costs = []
+    for augment, name, none_name, pipeline in AUGMENT_PAIRS:
+        with_us, none_us = 1e6 / per_core(by_name[name]), 1e6 / per_core(by_name[none_name])
+        costs.append({
+            "augment": augment, "pipeline": pipeline, "us_per_image": with_us, "us_per_image_none": none_us,
+            "cost_us_per_image": with_us - none_us, "share_of_pipeline": (with_us - none_us) / with_us,
+        })  # fmt: skip
+    return costs
 
 
 def per_core(row: dict) -> float:
@@ -137,6 +192,25 @@ def table(rows: list[dict], needs: list[dict]) -> list[str]:
     return lines
 
 
+def cost_table(small_rows: list[dict], costs: list[dict]) -> list[str]:
+    """The printed report of the 32x32 pipelines and of each augmentation's cost per image."""
+    lines = [f"{'pipeline':<28} {'us/image':>8} {'img/core-s':>10} {'all cores img/s':>15}  what"]
+    for row in small_rows:
+        one = per_core(row)
+        lines.append(
+            f"{row['label']:<28} {1e6 / one:>8.1f} {one:>10,.0f} "
+            f"{row['all_cores']['median_images_per_sec']:>15,.0f}  {row['what']}"
+        )
+    lines.append("us/image: microseconds of a core per image, 1e6 / img/core-s")
+    for cost in costs:
+        lines.append(
+            f"--augment={cost['augment']} on {cost['pipeline']}: {cost['cost_us_per_image']:+.1f} us per image "
+            f"({cost['us_per_image']:.1f} vs {cost['us_per_image_none']:.1f}; "
+            f"{100 * cost['share_of_pipeline']:.0f}% of the pipeline)"
+        )
+    return lines
+
+
 def main(smoke: bool = False, out: str | None = None) -> int:
     """Runs the benchmark, prints the table, writes JSON to `out` when given. Returns the exit code."""
     size = SIZES["smoke" if smoke else "full"]
@@ -146,11 +220,17 @@ def main(smoke: bool = False, out: str | None = None) -> int:
         rows = measure(size, work_dir)
     needs = gpu_needs(rows)
     print("\n".join(table(rows, needs)))
+    small_size = SMALL_SIZES[size.name]
+    print(f"32x32 records of {SMALL_SETTING}: batch {small_size.batch_size}", flush=True)
+    small_rows = measure_small(small_size)
+    costs = augmentation_costs(rows + small_rows)
+    print("\n".join(cost_table(small_rows, costs)))
     if out:
         import tensorflow as tf
 
         env = report.environment({"tensorflow": tf.__version__}, started, load_start)
         run = {"size": dataclasses.asdict(size), "environment": env, "pipelines": rows, "gpu_needs": needs}
+        run.update(small_size=dataclasses.asdict(small_size), small_pipelines=small_rows, augmentation_costs=costs)
         report.write_json(out, run)
         print(f"wrote {out}")
     return 0

@@ -9,6 +9,11 @@
 (d) `whole_then_crop` and (e) `crop_decode`: the imagenet augmentation alone on the bytes in memory,
     decoding the whole image then cropping (d), or only the crop with `decode_and_crop_jpeg` (e); (e)/(d) is
     what decoding only the crop saves.
+
+SMALL_PIPELINES run on the 32x32x3 PNG records of the resnet20-synth benchmark setting, through the same
+`data.make_dataset` with each --augment kind: decoded once into memory as --cache=auto does for them (`cached`,
+what `augment_vs_none` trains on), or read and decoded from the files every epoch (`files`, --cache=none).
+Each kind's per-image cost minus that of `none` in the same pipeline is what the augmentation costs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,27 @@ PIPELINES = {
     "whole_then_crop": ("(d) decode whole + crop", "in memory: decode_jpeg, random crop, resize 224, flip"),
     "crop_decode": ("(e) crop decode + crop", "in memory: decode_and_crop_jpeg, random crop, resize 224, flip"),
 }
+
+
+# name -> (row label, what it measures); every name is "small_<cache>_<augment>"
+SMALL_PIPELINES = {
+    "small_cached_none": ("(f) 32x32 cached, none", "data.make_dataset, decoded in memory, --augment=none"),
+    "small_cached_flip": ("(g) 32x32 cached, flip", "the same, --augment=flip"),
+    "small_cached_crop_flip": ("(h) 32x32 cached, crop_flip", "the same, --augment=crop_flip (resnet20's auto)"),
+    "small_files_none": ("(i) 32x32 files, none", "data.make_dataset, PNG read and decoded, --augment=none"),
+    "small_files_crop_flip": ("(j) 32x32 files, crop_flip", "the same, --augment=crop_flip"),
+}
+
+
+def small(name: str, pattern: str, batch_size: int, one_core: bool) -> tf.data.Dataset:
+    """Small pipeline `name` (a key of SMALL_PIPELINES) over the records of `pattern`, repeating forever."""
+    cache, augment = name.removeprefix("small_").split("_", 1)
+    info = data.inspect_records(pattern)
+    decoded = data.decode_share(info) if cache == "cached" else None
+    dataset = data.make_dataset(
+        info, batch_size=batch_size, training=True, seed=_SEED, preprocess=data.Preprocess(augment), cache=decoded
+    )
+    return dataset.map(lambda images, labels: images).with_options(thread_options(one_core))
 
 
 def thread_options(one_core: bool) -> tf.data.Options:

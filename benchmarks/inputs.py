@@ -23,11 +23,11 @@ _MAX_BATCHES = 32
 _SEED = 0
 
 
-def data_config(setting: Setting, records: dict) -> DataConfig:
-    """The records of `setting` (globs found by the parent) as towerflow's DataConfig. No augmentation: the
-    memory sides hold unaugmented batches, and the figure compares reading with not reading."""
+def data_config(setting: Setting, records: dict, augment: str = "none") -> DataConfig:
+    """The records of `setting` (globs found by the parent) as towerflow's DataConfig. No augmentation unless
+    asked: the memory sides hold unaugmented batches, and tfrecord_vs_memory compares reading with not reading."""
     return DataConfig(
-        train_data=records["train"], eval_data=records["eval"], num_classes=setting.num_classes, augment="none"
+        train_data=records["train"], eval_data=records["eval"], num_classes=setting.num_classes, augment=augment
     )
 
 

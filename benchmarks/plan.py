@@ -7,6 +7,7 @@ as JSON (`dataclasses.asdict`), which rebuild them with `Side(**fields)`.
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,27 @@ SETTINGS = {
 }
 
 
+class SessionKey(typing.NamedTuple):
+    """What is process-wide in TensorFlow, so sides differing in it need their own worker process: the logical
+    device count and the runtime options (fixed before the first op, oneDNN before the import), and op
+    determinism (kernels read it when they run, so it would leak into a default side of the same process)."""
+
+    devices: int
+    deterministic: bool = False
+    onednn: str = "auto"
+    inter_op_threads: int = 0
+    intra_op_threads: int = 0
+
+    def describe(self) -> str:
+        """A short name for log files: `2`, `1-deterministic`, `1-onednn_off-intra1`."""
+        parts = [str(self.devices)]
+        parts += ["deterministic"] if self.deterministic else []
+        parts += [f"onednn_{self.onednn}"] if self.onednn != "auto" else []
+        parts += [f"inter{self.inter_op_threads}"] if self.inter_op_threads else []
+        parts += [f"intra{self.intra_op_threads}"] if self.intra_op_threads else []
+        return "-".join(parts)
+
+
 @dataclasses.dataclass(frozen=True)
 class Side:
     """One side of a figure: a training loop and its options, built once per worker and timed in windows.
@@ -54,6 +76,15 @@ class Side:
     update_mode: str = "sync"
     histogram_every_steps: int = 0  # >0: every window ends with gradient+weight histograms
     live_progress: bool = False  # redraw the console's live line (trainer.progress), into /dev/null
+    augment: str = "none"  # --augment of a "tfrecord" side (memory sides hold unaugmented batches)
+    # Runtime options (trainer.runtime); process-wide, so part of `session_key`. auto / 0: TensorFlow's default.
+    onednn: str = "auto"
+    inter_op_threads: int = 0
+    intra_op_threads: int = 0
+
+    def __post_init__(self):
+        if self.augment != "none" and self.input != "tfrecord":
+            raise ValueError(f"augment={self.augment!r} needs input='tfrecord': memory batches are not augmented")
 
     def label(self) -> str:
         if self.kind != "towerflow":
@@ -65,12 +96,16 @@ class Side:
         options += [self.mixed_precision] if self.mixed_precision else []
         options += [f"histograms/{self.histogram_every_steps}"] if self.histogram_every_steps else []
         options += ["live progress line"] if self.live_progress else []
+        options += [f"--augment={self.augment}"] if self.augment != "none" else []
+        options += [f"oneDNN {self.onednn}"] if self.onednn != "auto" else []
+        options += [f"{self.inter_op_threads} inter-op thread(s)"] if self.inter_op_threads else []
+        options += [f"{self.intra_op_threads} intra-op thread(s)"] if self.intra_op_threads else []
         return "towerflow " + ", ".join(options)
 
     @property
-    def session_key(self) -> tuple[int, bool]:
-        """Process-wide state a worker is started with: logical device count and op determinism."""
-        return (self.towers, self.deterministic)
+    def session_key(self) -> SessionKey:
+        """The process-wide state of the worker this side is built in."""
+        return SessionKey(self.towers, self.deterministic, self.onednn, self.inter_op_threads, self.intra_op_threads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +137,14 @@ class Size:
     min_steps: int
     histogram_every_steps: int
     settings: tuple[str, ...]
+    runtime_figures: bool = True  # False: figures.RUNTIME only when --only names them
 
 
 SIZES = {
     "smoke": Size("smoke", windows=3, warmup_windows=0, window_sec=0.0, min_steps=2, histogram_every_steps=2,
                   settings=("mlp-digits-b32",)),
     "quick": Size("quick", windows=7, warmup_windows=1, window_sec=0.6, min_steps=2, histogram_every_steps=100,
-                  settings=("cnn-digits",)),
+                  settings=("cnn-digits",), runtime_figures=False),
     "full": Size("full", windows=11, warmup_windows=1, window_sec=1.0, min_steps=2, histogram_every_steps=100,
                  settings=("cnn-digits", "resnet20-synth")),
 }  # fmt: skip

@@ -39,10 +39,11 @@ def prebuild(figures: list[Figure], sessions: Sessions, records: dict, size: Siz
     pending = []
     for figure in figures:
         for side in (figure.a, figure.b):
-            session = sessions.get(side.session_key)
-            key = session.send_build(side, figure.setting, records[figure.setting.name], trace_steps(size))
-            if key is not None:
-                pending.append((session, key))
+            with contextlib.suppress(WorkerError):  # a worker that failed to start: `measure` reports it
+                session = sessions.get(side.session_key)
+                key = session.send_build(side, figure.setting, records[figure.setting.name], trace_steps(size))
+                if key is not None:
+                    pending.append((session, key))
     for session, key in pending:
         with contextlib.suppress(WorkerError):
             session.receive_build(key)
@@ -97,7 +98,11 @@ def measure(figure: Figure, size: Size, sessions: Sessions, records: dict, profi
         for label, session, side_id in (("a", session_a, side_a), ("b", session_b, side_b)):
             log_dir = os.path.join(profile_dir, figure.key.replace("@", "-"), label)
             session.call("profile", side_id=side_id, steps=steps, log_dir=log_dir)
-    return result(figure, "ok", comparison, steps, time.perf_counter() - started)
+    record = result(figure, "ok", comparison, steps, time.perf_counter() - started)
+    for label, session in (("a", session_a), ("b", session_b)):
+        # as TensorFlow reports it in that worker: the evidence that a runtime figure compared what it says
+        record[label]["runtime"] = session.ready().get("runtime")
+    return record
 
 
 def result(figure: Figure, status: str, comparison=None, steps: int = 0, seconds: float = 0.0, error: str = ""):

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks.plan import Setting, Side
+from benchmarks.plan import SessionKey, Setting, Side
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LOG_TAIL_CHARS = 4000
@@ -22,22 +22,31 @@ def side_id(side: Side, setting: Setting) -> str:
     return json.dumps([dataclasses.asdict(side), setting.name], sort_keys=True)
 
 
+def worker_command(key: SessionKey) -> list[str]:
+    """The command line of the worker for `key` (benchmarks/worker.py applies it before the first op)."""
+    command = [sys.executable, "-m", "benchmarks.worker", f"--devices={key.devices}", f"--onednn={key.onednn}"]
+    command += [f"--inter_op_threads={key.inter_op_threads}", f"--intra_op_threads={key.intra_op_threads}"]
+    return command + (["--deterministic"] if key.deterministic else [])
+
+
 class WorkerError(RuntimeError):
     """A command failed in a worker, or the worker died; the message holds its traceback or log tail."""
 
 
 class Session:
-    """One worker process: `devices` logical CPUs, op determinism on or off."""
+    """One worker process, started with the process-wide state of `key` (devices, determinism, runtime)."""
 
-    def __init__(self, key: tuple[int, bool], log_dir: str):
+    def __init__(self, key: SessionKey, log_dir: str):
         self.key = key
-        num_devices, deterministic = key
-        self.log_path = os.path.join(log_dir, f"worker-{num_devices}{'-deterministic' if deterministic else ''}.log")
-        command = [sys.executable, "-m", "benchmarks.worker", f"--devices={num_devices}"]
-        command += ["--deterministic"] if deterministic else []
+        self.log_path = os.path.join(log_dir, f"worker-{key.describe()}.log")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=_REPO_ROOT
+                worker_command(key),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                cwd=_REPO_ROOT,
             )
         self.built: set[str] = set()
         self.info: dict | None = None
@@ -131,18 +140,18 @@ class Session:
 
 
 class Sessions:
-    """The workers of a run, by (devices, deterministic); a dead one is replaced on next use."""
+    """The workers of a run, by SessionKey; a dead one is replaced on next use."""
 
     def __init__(self, log_dir: str):
         self.log_dir = log_dir
-        self.sessions: dict[tuple[int, bool], Session] = {}
+        self.sessions: dict[SessionKey, Session] = {}
 
     def start(self, keys) -> None:
         """Starts the workers for `keys` at once, so their TensorFlow imports overlap."""
         for key in keys:
             self.get(key, wait=False)
 
-    def get(self, key: tuple[int, bool], wait: bool = True) -> Session:
+    def get(self, key: SessionKey, wait: bool = True) -> Session:
         session = self.sessions.get(key)
         if session is None or not session.alive():
             session = self.sessions[key] = Session(key, self.log_dir)

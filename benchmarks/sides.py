@@ -14,16 +14,17 @@ import numpy as np
 
 from benchmarks import inputs, reference
 from benchmarks.plan import Setting, Side
-from trainer.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, TowerConfig
+from trainer.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, RuntimeConfig, TowerConfig
 from trainer.progress import ProgressLine
 from trainer.run import build
 from trainer.summaries import Summaries, variable_tags
 
 
 def run_config(side: Side, setting: Setting, records: dict, model_dir: str) -> RunConfig:
-    """towerflow's config for `side`: the reference's optimizer, logical CPU towers, nothing but training."""
+    """towerflow's config for `side`: the reference's optimizer, logical CPU towers, nothing but training.
+    Its runtime options are those the worker was started with (`build` checks they are in force)."""
     return RunConfig(
-        data=inputs.data_config(setting, records),
+        data=inputs.data_config(setting, records, side.augment),
         model=ModelConfig(setting.model),
         optimizer=OptimizerConfig(
             name="momentum", learning_rate=reference.LEARNING_RATE, momentum=reference.MOMENTUM, schedule="constant"
@@ -38,6 +39,9 @@ def run_config(side: Side, setting: Setting, records: dict, model_dir: str) -> R
             mixed_precision=side.mixed_precision,
         ),
         loop=LoopConfig(model_dir=model_dir, train_steps=10**9, histogram_every_steps=side.histogram_every_steps),
+        runtime=RuntimeConfig(
+            onednn=side.onednn, inter_op_threads=side.inter_op_threads, intra_op_threads=side.intra_op_threads
+        ),
         seed=reference.SEED,
         deterministic=side.deterministic,
     )

@@ -1,10 +1,13 @@
-"""`python -m benchmarks.worker --devices=N [--deterministic]`: builds sides and times windows on request.
+"""`python -m benchmarks.worker --devices=N [--deterministic] [--onednn=..] [--*_op_threads=T]`: builds sides
+and times windows on request.
 
-One worker holds what is process-wide in TensorFlow: the number of logical CPU devices (fixed before the
-first op) and op determinism. Two MirroredStrategy objects with different device counts cannot share a
-process, and a deterministic side cannot share one with a default side without changing it (kernels read
-the determinism switch when they run, not when they are traced), so the parent starts one worker per
-(devices, deterministic) and alternates windows between workers when a figure's sides live in two.
+One worker holds what is process-wide in TensorFlow (`plan.SessionKey`): the number of logical CPU devices
+(fixed before the first op), op determinism and the runtime options. Two MirroredStrategy objects with
+different device counts cannot share a process, a deterministic side cannot share one with a default side
+without changing it (kernels read the determinism switch when they run, not when they are traced), oneDNN is
+chosen when TensorFlow is imported and thread pools when it starts; so the parent starts one worker per key
+and alternates windows between workers when a figure's sides live in two. The runtime options are applied by
+`trainer.runtime`, as `python -m trainer` applies them, and read back before the first reply.
 
 Protocol: one JSON command per line on stdin, one JSON reply per line on the original stdout. Everything
 else TensorFlow or Keras prints is sent to stderr, so it cannot corrupt a reply.
@@ -37,9 +40,9 @@ def _reply_stream():
 class Server:
     """Holds the built sides of this worker and answers commands."""
 
-    def __init__(self, num_devices: int, deterministic: bool):
-        self.num_devices = num_devices
-        self.deterministic = deterministic
+    def __init__(self, key, runtime_config):
+        self.key = key
+        self.runtime_config = runtime_config
         self.sides: dict = {}
         self.work_dir = tempfile.mkdtemp(prefix="towerflow-bench-")
 
@@ -54,6 +57,7 @@ class Server:
             "keras": keras.__version__,
             "devices": [d.name for d in tf.config.list_logical_devices("CPU")],
             "update_modes": list(config.UPDATE_MODES),
+            "runtime": applied_runtime(self.runtime_config),
         }
 
     def build(self, side_id: str, side: dict, setting: dict, records: dict, trace_steps: int) -> dict:
@@ -62,8 +66,8 @@ class Server:
         from benchmarks.sides import make_side
 
         side = Side(**side)
-        if side.session_key != (self.num_devices, self.deterministic):
-            raise ValueError(f"{side} belongs in a worker with (devices, deterministic) = {side.session_key}")
+        if side.session_key != self.key:
+            raise ValueError(f"{side} belongs in the worker of {side.session_key}, not of {self.key}")
         setting = Setting(**{**setting, "example_shape": tuple(setting["example_shape"])})
         work_dir = tempfile.mkdtemp(dir=self.work_dir)
         started = time.perf_counter()
@@ -97,6 +101,27 @@ class Server:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
+def applied_runtime(config) -> dict:
+    """The runtime settings as TensorFlow reports them (`trainer.runtime.describe`, CPU part), after checking
+    that each one asked for in `config` is in force: a benchmark of an option that silently did not apply
+    would compare a process with itself.
+
+    Raises:
+      RuntimeError: a setting TensorFlow reports differently from `config`.
+    """
+    from trainer import runtime
+
+    applied = {k: v for k, v in runtime.describe().items() if not k.startswith("gpu_")}
+    wanted = {name: getattr(config, name) for name in ("inter_op_threads", "intra_op_threads")}
+    wanted = {name: value for name, value in wanted.items() if value}
+    if config.onednn != "auto":
+        wanted["onednn_enabled"] = config.onednn == "on"
+    wrong = {name: (value, applied[name]) for name, value in wanted.items() if applied[name] != value}
+    if wrong:
+        raise RuntimeError(f"runtime settings not in force (wanted, TensorFlow reports): {wrong}")
+    return applied
+
+
 def serve(server: Server, commands, replies) -> None:
     """Answers commands until "exit" or end of input; an exception becomes an error reply."""
     handlers = {"info": server.info, "build": server.build, "window": server.window}
@@ -113,18 +138,35 @@ def serve(server: Server, commands, replies) -> None:
         replies.write(json.dumps(reply) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=1, help="logical CPU devices")
     parser.add_argument("--deterministic", action="store_true", help="hosts the sides with deterministic=True")
-    args = parser.parse_args(argv)
+    parser.add_argument("--onednn", choices=("auto", "on", "off"), default="auto", help="as python -m trainer")
+    parser.add_argument("--inter_op_threads", type=int, default=0, help="as python -m trainer (0: default)")
+    parser.add_argument("--intra_op_threads", type=int, default=0, help="as python -m trainer (0: default)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(argv)
+    from benchmarks.plan import SessionKey
+    from trainer import runtime  # no TensorFlow yet
+    from trainer.config import RuntimeConfig
+
+    key = SessionKey(args.devices, args.deterministic, args.onednn, args.inter_op_threads, args.intra_op_threads)
+    runtime_config = RuntimeConfig(
+        onednn=args.onednn, inter_op_threads=args.inter_op_threads, intra_op_threads=args.intra_op_threads
+    )
+    os.environ.update(runtime.environment(runtime_config, args.deterministic))  # read by TensorFlow's import
     # SIGTERM (the parent was interrupted) unwinds like an error: sides closed, work directory removed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     replies = _reply_stream()
     from trainer import devices  # imports TensorFlow
 
-    devices.configure_logical_cpus(args.devices)  # before any op runs
-    server = Server(args.devices, args.deterministic)
+    runtime.apply(runtime_config, args.deterministic)  # before any op, like devices
+    devices.configure_logical_cpus(args.devices)
+    server = Server(key, runtime_config)
     code = 0
     try:
         replies.write(json.dumps({"ok": True, **server.info()}) + "\n")

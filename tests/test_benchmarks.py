@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from benchmarks import figures, timing
-from benchmarks.plan import SETTINGS, SIZES
-from trainer import config
+from benchmarks import figures, session, timing
+from benchmarks.plan import SETTINGS, SIZES, SessionKey, Side
+from trainer import config, runtime
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,9 +43,68 @@ def test_calibrate_aims_at_the_window_length_within_bounds():
 def test_only_accepts_figure_names_and_groups():
     setting, size = SETTINGS["cnn-digits"], SIZES["quick"]
     all_figures = figures.figures(setting, size)
-    assert [f.name for f in figures.select(all_figures, ["async_vs_sync"])] == ["async2_vs_sync2", "async4_vs_sync4"]
+    assert [f.name for f in figures.select(all_figures, ["async_vs_sync"], size)] == [
+        "async2_vs_sync2",
+        "async4_vs_sync4",
+    ]
     with pytest.raises(ValueError, match="unknown figure"):
-        figures.select(all_figures, ["tower3_vs_plain"])
+        figures.select(all_figures, ["tower3_vs_plain"], size)
+
+
+def test_quick_leaves_the_runtime_figures_out_unless_named():
+    setting, quick = SETTINGS["cnn-digits"], SIZES["quick"]
+    all_figures = figures.figures(setting, quick)
+    default = [f.name for f in figures.select(all_figures, [], quick)]
+    assert "augment_vs_none" in default and not set(figures.RUNTIME) & set(default)
+    assert [f.name for f in figures.select(all_figures, ["runtime"], quick)] == list(figures.RUNTIME)
+    full = SIZES["full"]
+    for name in full.settings:
+        selected = [f.name for f in figures.select(figures.figures(SETTINGS[name], full), [], full)]
+        assert {*figures.RUNTIME, "augment_vs_none"} <= set(selected), name
+
+
+def test_runtime_options_are_part_of_the_session_key_and_the_worker_command():
+    side = Side("towerflow", 2, onednn="off", inter_op_threads=1, intra_op_threads=3)
+    assert side.session_key == SessionKey(2, False, "off", 1, 3) != Side("towerflow", 2).session_key
+    assert side.session_key.describe() == "2-onednn_off-inter1-intra3"
+    command = session.worker_command(side.session_key)
+    assert {"--devices=2", "--onednn=off", "--inter_op_threads=1", "--intra_op_threads=3"} <= set(command)
+    assert "--deterministic" not in command
+    assert Side("towerflow", augment="flip", input="tfrecord").session_key == Side("towerflow").session_key
+
+
+def test_augment_needs_tfrecord_input_and_matches_the_trainers_auto():
+    from trainer import inputs
+
+    with pytest.raises(ValueError, match="needs input='tfrecord'"):
+        Side("towerflow", augment="flip")
+    assert figures.AUTO_AUGMENT == inputs.AUTO_AUGMENT
+    assert figures.augment_kind(SETTINGS["resnet20-synth"]) == "crop_flip"
+    assert figures.augment_kind(SETTINGS["cnn-digits"]) == "flip"  # auto gives none: flip is timed as a cost
+
+
+def test_worker_applies_and_reads_back_its_runtime_options():
+    key = SessionKey(1, False, onednn="off", inter_op_threads=2, intra_op_threads=1)
+    env = {k: v for k, v in os.environ.items() if k != runtime.ONEDNN_ENV}  # as another test may leave it
+    worker = subprocess.Popen(
+        session.worker_command(key), cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        info = json.loads(worker.stdout.readline())
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=60)
+    assert info["ok"] and worker.returncode == 0
+    applied = info["runtime"]
+    assert applied["inter_op_threads"] == 2 and applied["intra_op_threads"] == 1
+    assert applied[runtime.ONEDNN_ENV] == "0" and applied["onednn_enabled"] is False
+
+
+def test_worker_refuses_a_runtime_setting_tensorflow_does_not_report():
+    from benchmarks import worker
+
+    with pytest.raises(RuntimeError, match="not in force.*intra_op_threads"):
+        worker.applied_runtime(config.RuntimeConfig(intra_op_threads=97))
 
 
 def _check_measured(record: dict, windows: int, steps: int) -> None:
@@ -85,6 +144,18 @@ def test_smoke_run_writes_every_figure(tmp_path):
         assert record["status"] == "ok", record.get("error")
         steps = size.histogram_every_steps if name.startswith("histograms") else size.min_steps
         _check_measured(record, size.windows, steps)
+    _check_runtime_read_back(by_name)
+
+
+def _check_runtime_read_back(by_name: dict) -> None:
+    """Each side of a runtime figure ran with what its label says, as its worker's TensorFlow reports it."""
+    onednn = by_name["onednn_off_vs_on"]
+    assert (onednn["a"]["runtime"]["onednn_enabled"], onednn["b"]["runtime"]["onednn_enabled"]) == (False, True)
+    intra, inter = by_name["intra_op_1_vs_default"], by_name["inter_op_1_vs_default"]
+    assert (intra["a"]["runtime"]["intra_op_threads"], intra["b"]["runtime"]["intra_op_threads"]) == (1, 0)
+    assert (inter["a"]["runtime"]["inter_op_threads"], inter["b"]["runtime"]["inter_op_threads"]) == (1, 0)
+    assert "--augment=flip" in by_name["augment_vs_none"]["a"]["label"]
+    assert "augment" not in by_name["augment_vs_none"]["b"]["label"]
 
 
 def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
@@ -110,6 +181,19 @@ def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
     assert run["pipelines"][0]["mean_jpeg_bytes"] > 10_000  # 500x375 photo-like JPEGs, not a few bytes
     assert [need["cores_per_gpu"] > 0 for need in run["gpu_needs"]] == [True, True]
     assert "cores of (c)" in done.stdout
+    assert [row["name"] for row in run["small_pipelines"]] == list(input_pipelines.SMALL_PIPELINES)
+    costs = run["augmentation_costs"]
+    assert [(c["augment"], c["pipeline"].split(",")[0]) for c in costs] == [
+        ("imagenet", "500x375 JPEG files -> 224x224 (none: resize whole)"),
+        ("flip", "32x32 PNG records"),
+        ("crop_flip", "32x32 PNG records"),
+        ("crop_flip", "32x32 PNG records"),
+    ]
+    for cost in costs:  # the difference of two positive per-image costs, and its share of the first
+        assert cost["us_per_image"] > 0 and cost["us_per_image_none"] > 0
+        assert cost["cost_us_per_image"] == pytest.approx(cost["us_per_image"] - cost["us_per_image_none"])
+        assert cost["share_of_pipeline"] == pytest.approx(cost["cost_us_per_image"] / cost["us_per_image"])
+        assert f"--augment={cost['augment']} on {cost['pipeline']}" in done.stdout
 
 
 def test_input_takes_no_training_benchmark_options():
