@@ -366,6 +366,9 @@ def config_from_flags(f) -> cfg.RunConfig:
 
 
 def flagfile_text(f, module_name: str) -> str:
-    """An absl flagfile with every towerflow flag's value, so `--flagfile=` reproduces the run."""
-    lines = [flag.serialize() for flag in sorted(f.get_flags_for_module(module_name), key=lambda x: x.name)]
+    """An absl flagfile with every towerflow flag's value (`module_name`'s and the runtime group's), so
+    `--flagfile=` reproduces the run."""
+    modules = (module_name, runtime_flags.__name__)  # the runtime group is defined in its own module
+    defined = [flag for module in modules for flag in f.get_flags_for_module(module)]
+    lines = [flag.serialize() for flag in sorted(defined, key=lambda x: x.name)]
     return "\n".join(line for line in lines if line) + "\n"
