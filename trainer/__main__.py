@@ -54,7 +54,7 @@ def _main(argv: list[str]) -> int:
     level = console.prepare_tensorflow(config.towers.device, verbosity)
     os.environ.update(runtime.environment(config.runtime, config.deterministic))  # read by TensorFlow's import
     header = versions.flagfile_header(versions.devices_summary(config.towers))
-    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
+    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS))
 
     with console.native_stderr_filtered(level):
         from trainer import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from absl import flags
 
 from trainer import config as cfg
+from trainer import runtime_flags
 
 GROUP_FLAGS: dict[str, tuple[str, ...]] = {}  # `--help` heading -> names of its flags, filled by define_flags
 
@@ -24,7 +25,11 @@ def _groups() -> tuple:
         ("loop and outputs", "how long, how often, what model_dir gets", _define_loop_flags),
         ("resume", "rerunning into an existing model_dir", _define_resume_flags),
         ("cluster", "several tasks: srun, TF_CONFIG", _define_cluster_flags),
-        ("runtime", "threads, GPU memory, oneDNN, cuDNN autotuning, graph rewrites", _define_runtime_flags),
+        (
+            "runtime",
+            "threads, GPU memory, oneDNN, cuDNN autotuning, graph rewrites",
+            runtime_flags.define_runtime_flags,
+        ),
     )
 
 
@@ -266,37 +271,6 @@ def _define_cluster_flags() -> None:
     )
 
 
-def _define_runtime_flags() -> None:
-    flags.DEFINE_enum(
-        "onednn",
-        "auto",
-        list(cfg.SWITCHES),
-        "CPU: oneDNN kernels (TF_ENABLE_ONEDNN_OPTS, set before TensorFlow loads). auto: TensorFlow's default "
-        "(on for x86 builds). Their different rounding changes the loss in the last digits, not the training.",
-    )
-    flags.DEFINE_integer("inter_op_threads", 0, "Threads running independent ops in parallel; 0: TensorFlow's default.")
-    flags.DEFINE_integer("intra_op_threads", 0, "Threads inside one op (matmul, conv); 0: TensorFlow's default.")
-    flags.DEFINE_bool(
-        "gpu_memory_growth", False, "Allocate GPU memory as needed instead of all at start (shared GPUs). GPU only."
-    )
-    flags.DEFINE_integer(
-        "gpu_memory_limit_mb", 0, "Cap each GPU at this many MiB (not with --gpu_memory_growth); 0: none. GPU only."
-    )
-    flags.DEFINE_enum(
-        "cudnn_autotune",
-        "auto",
-        list(cfg.SWITCHES),
-        "Time cuDNN's algorithms and keep the fastest (TF_CUDNN_USE_AUTOTUNE). auto: off under --deterministic "
-        "(op determinism already forces deterministic algorithms; on is refused there), else TensorFlow's default.",
-    )
-    flags.DEFINE_string(
-        "grappler",
-        "",
-        "Graph-rewrite passes NAME=on|off,..., e.g. layout_optimizer=off,remapping=off "
-        "(tf.config.optimizer.set_experimental_options); empty: TensorFlow's defaults.",
-    )
-
-
 def _ints(values, name: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in values or ())
@@ -381,22 +355,16 @@ def config_from_flags(f) -> cfg.RunConfig:
             f.allow_flag_changes,
             f.cluster_timeout_sec,
         ),
-        runtime=cfg.RuntimeConfig(
-            f.onednn,
-            f.inter_op_threads,
-            f.intra_op_threads,
-            f.gpu_memory_growth,
-            f.gpu_memory_limit_mb,
-            f.cudnn_autotune,
-            f.grappler,
-        ),
+        runtime=runtime_flags.runtime_config(f),
         seed=f.seed,
         deterministic=f.deterministic,
     )
     return cfg.validate(config)
 
 
-def flagfile_text(f, module_name: str) -> str:
-    """An absl flagfile with every towerflow flag's value, so `--flagfile=` reproduces the run."""
-    lines = [flag.serialize() for flag in sorted(f.get_flags_for_module(module_name), key=lambda x: x.name)]
+def flagfile_text(f) -> str:
+    """An absl flagfile with every towerflow flag's value (those `define_flags` recorded, whichever module
+    defines them), so `--flagfile=` reproduces the run."""
+    names = sorted(name for group in GROUP_FLAGS.values() for name in group)
+    lines = [f[name].serialize() for name in names]
     return "\n".join(line for line in lines if line) + "\n"
