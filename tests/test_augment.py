@@ -13,6 +13,7 @@ from _data_helpers import _images
 import data
 from data import augment
 from trainer import config as cfg
+from trainer import data_settings
 from trainer import inputs as inputs_lib
 
 
@@ -265,3 +266,38 @@ def test_auto_cache_below_the_bound(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "AUTO_CACHE_BYTES", 100)
     assert not inputs_lib.use_cache(cfg.DataConfig(), inputs)
     assert inputs_lib.use_cache(cfg.DataConfig(cache="memory"), inputs)
+
+
+def test_data_settings_resolve_auto_and_say_why(tmp_path, monkeypatch):
+    inputs = _inputs(tmp_path)  # 4 RGB 8x8 images: 768 bytes decoded
+    settings = inputs_lib.data_settings(cfg.RunConfig(model=cfg.ModelConfig("resnet20")), inputs)
+    assert (
+        settings.describe("resnet20")
+        == "crop_flip (auto for resnet20), normalize none, cache memory (auto: ~768 bytes decoded)"
+    )
+    assert settings.metrics() == {
+        "augment": "crop_flip",
+        "normalize": "none",
+        "cache": "memory",
+        "cache_decoded_bytes": 768,
+    }
+    explicit = cfg.RunConfig(data=cfg.DataConfig(augment="flip", normalize="0.5,0.5,0.5,0.25,0.25,0.25", cache="none"))
+    settings = inputs_lib.data_settings(explicit, inputs)
+    assert settings.describe("cnn") == "flip, normalize 0.5,0.25, cache none"
+    assert settings.preprocess == data.Preprocess("flip", (0.5,) * 3, (0.25,) * 3)
+    monkeypatch.setattr(data, "AUTO_CACHE_BYTES", 100)
+    assert (
+        inputs_lib.data_settings(cfg.RunConfig(), inputs)
+        .describe("cnn")
+        .endswith("cache none (auto: ~768 bytes decoded, over the 9.31323e-08 GiB bound)")
+    )
+    dense = inputs_lib.data_settings(cfg.RunConfig(), _inputs(tmp_path / "dense", dense=True))
+    assert dense.describe("mlp") == "none (auto for mlp), normalize none, cache none (auto: dense records)"
+
+
+def test_normalize_text_is_one_spelling_per_normalization():
+    assert data_settings.normalize_text("none") == "none"
+    assert data_settings.normalize_text("0.485,0.456,0.406,0.229,0.224,0.225") == "imagenet"
+    assert data_settings.normalize_text("0.5,0.5,0.25,0.25") == data_settings.normalize_text("0.5,0.25") == "0.5,0.25"
+    assert data_settings.normalize_text("1,2,3,4,5,6") == "1.0,2.0,3.0,4.0,5.0,6.0"
+    assert data_settings.format_bytes(90226) == "~90 KB" and data_settings.format_bytes(3 << 30) == "~3.2 GB"

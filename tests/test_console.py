@@ -55,6 +55,21 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
     assert out.index("model      cnn") < out.index("step       1/12") < out.index("done: step 12")
 
 
+@pytest.mark.parametrize(
+    ("model", "augment"), [("cnn", "none (auto for cnn)"), ("resnet20", "crop_flip (auto for resnet20)")]
+)
+def test_banner_and_metrics_say_what_auto_resolved_to(make_config, tmp_path, capsys, model, augment):
+    """--augment=auto and --cache=auto (the defaults) differ per model and data; the banner and metrics.json
+    say what the run actually trained on (the digits: ~90 KB decoded, so cached)."""
+    metrics = train(make_config(model={"name": model}, loop={"train_steps": 2}))
+    out = capsys.readouterr().out
+    assert f"augment    {augment}, normalize none, cache memory (auto: ~90 KB decoded)\n" in out
+    assert out.index("data       train ") < out.index("augment    ") < out.index("optimizer  ")
+    expected = {"augment": augment.split()[0], "normalize": "none", "cache": "memory", "cache_decoded_bytes": 90226}
+    assert {k: metrics[k] for k in expected} == expected
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["augment"] == expected["augment"]
+
+
 def test_a_finished_run_rerun_is_announced_and_left_as_it_is(make_config, tmp_path, capsys):
     config = make_config(loop={"train_steps": 6, "checkpoint_every_steps": 3})
     first = train(config)

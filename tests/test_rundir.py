@@ -118,3 +118,65 @@ def test_a_setting_the_recorded_run_predates_counts_as_its_default(make_config, 
     path.write_text(json.dumps({**recorded, "seed": 9}))
     with pytest.raises(rundir.RunDirError, match=r"--seed: 9 -> 0"):
         train(make_config(loop={"train_steps": 6}))
+
+
+def _old_run(make_config, tmp_path, model: str, **recorded_changes):
+    """A model_dir with a checkpoint and the run.json of a `model` run written before --augment and
+    --normalize existed (no keys for them): those runs scaled pixels by 1/255 and did nothing else."""
+    run = tmp_path / "run"
+    os.makedirs(run / "checkpoints")
+    (run / "checkpoints" / "ckpt-2.index").write_bytes(b"")
+    recorded = rundir.defining_settings(make_config(model={"name": model}))
+    del recorded["data.augment"], recorded["data.normalize"]
+    (run / rundir.RUN_FILE).write_text(json.dumps({**recorded, **recorded_changes}))
+    return run
+
+
+def test_a_run_from_before_augmentation_is_not_resumed_with_auto_augmentation(make_config, tmp_path):
+    run = _old_run(make_config, tmp_path, "resnet20")
+    resnet20 = make_config(model={"name": "resnet20"})
+    with pytest.raises(rundir.RunDirError) as refused:
+        rundir.check_resume(resnet20, allow_changes=False)
+    message = str(refused.value)
+    assert "(--augment: 'none' -> 'crop_flip' (auto for resnet20))" in message
+    assert f"(--flagfile={run / 'flags.txt'} --augment=none)" in message and "--allow_flag_changes" in message
+    none = make_config(model={"name": "resnet20"}, data={"augment": "none", "cache": "none"})  # cache: free
+    rundir.check_resume(none, allow_changes=False)
+    assert json.loads((run / rundir.RUN_FILE).read_text())["data.augment"] == "none"  # resolved, not "auto"
+
+
+def test_a_run_from_before_augmentation_resumes_where_auto_means_none(make_config, tmp_path, capsys):
+    run = _old_run(make_config, tmp_path, "cnn")
+    rundir.check_resume(make_config(), allow_changes=False)  # cnn: auto is none, as the old run did
+    with pytest.raises(rundir.RunDirError, match=r"\(--augment: 'none' -> 'flip'; --normalize: 'none' -> 'imagenet'\)"):
+        rundir.check_resume(make_config(data={"augment": "flip", "normalize": "imagenet"}), allow_changes=False)
+    rundir.check_resume(make_config(data={"augment": "flip"}), allow_changes=True)
+    assert "(--allow_flag_changes): --augment: 'none' -> 'flip'" in capsys.readouterr().out
+    assert json.loads((run / rundir.RUN_FILE).read_text())["data.augment"] == "flip"
+
+
+def test_augmentation_and_normalization_compare_as_resolved(make_config, tmp_path):
+    """A run.json written with the literal flags (`auto`, a normalization's numbers) before this check
+    compared resolved values: the same training resumes whatever the spelling, another is refused."""
+    _old_run(make_config, tmp_path, "resnet20", **{"data.augment": "auto", "data.normalize": "imagenet"})
+    imagenet = "0.485,0.456,0.406,0.229,0.224,0.225"
+    same = make_config(model={"name": "resnet20"}, data={"augment": "crop_flip", "normalize": imagenet})
+    rundir.check_resume(same, allow_changes=False)
+    other = make_config(model={"name": "resnet20"}, data={"normalize": "0.5,0.5,0.5,0.25,0.25,0.25"})
+    with pytest.raises(rundir.RunDirError, match=r"\(--normalize: 'imagenet' -> '0.5,0.25'\).*--normalize=imagenet\)"):
+        rundir.check_resume(other, allow_changes=False)
+
+
+def test_cli_refuses_auto_augmentation_on_a_run_from_before_it(tmp_path):
+    common = ["--device=cpu", "--num_gpus=1", "--global_batch_size=16", "--train_steps=1", "--noexport"]
+    common += ["--model=resnet20", "--eval_every_steps=0", f"--model_dir={tmp_path}/run"]
+    assert _cli(*common, "--augment=none").returncode == 0
+    path = tmp_path / "run" / rundir.RUN_FILE
+    recorded = json.loads(path.read_text())
+    del recorded["data.augment"], recorded["data.normalize"]  # as before augmentation (cache is never recorded)
+    path.write_text(json.dumps(recorded))
+    refused = _cli(*common[:3], "--train_steps=2", *common[4:])  # --augment=auto (the default)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--augment: 'none' -> 'crop_flip' (auto for resnet20)" in refused.stderr
+    assert "--augment=none), use a new --model_dir, or pass --allow_flag_changes" in refused.stderr
+    assert _cli(*common[:3], "--train_steps=2", *common[4:], "--augment=none").returncode == 0

@@ -13,8 +13,8 @@ from trainer.progress import format_duration
 
 
 def start_lines(config: RunConfig, state) -> list[str]:
-    """The banner: model, towers, batch, data, optimizer and model_dir (the attempt line says fresh or
-    resumed)."""
+    """The banner: model, towers, batch, data, what training does to the data (augmentation, normalization and
+    cache, with what `auto` chose), optimizer and model_dir (the attempt line says fresh or resumed)."""
     t, o = config.towers, config.optimizer
     placement = state.placement
     params = sum(int(np.prod(v.shape)) for v in state.model.trainable_variables)
@@ -30,6 +30,7 @@ def start_lines(config: RunConfig, state) -> list[str]:
         f"batch      {t.global_batch_size} per step = {t.num_micro_batches} micro-batches of {t.micro_batch_size}",
         f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; "
         f"{_shape(train.example_shape)} examples, {state.inputs.num_classes} classes",
+        f"augment    {state.data_settings.describe(config.model.name)}",
         f"optimizer  {o.name}, learning rate {o.learning_rate:g} ({_schedule(config)})",
         f"model_dir  {config.loop.model_dir}, training to step {config.loop.train_steps}",
     ]

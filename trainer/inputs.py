@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import data
 from trainer.config import ConfigError, DataConfig, RunConfig, normalization
+from trainer.data_settings import DataSettings, format_bytes, normalize_text, resolve_augment
 from trainer.devices import Placement, tower_of_micro_batch
 
 
@@ -59,11 +60,6 @@ def _schema(config: DataConfig):
     return None  # auto: the first record decides
 
 
-# --augment=auto by model family: the CIFAR recipe for resnet20, the ImageNet one for resnet50. Everything else
-# (mlp and cnn on the digits, whose flipped 2s and 5s are other digits; a module:function model) gets none.
-AUTO_AUGMENT = {"resnet20": "crop_flip", "resnet50": "imagenet"}
-
-
 def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
     """--augment (auto resolved for the model and records) and --normalize, checked against the records.
 
@@ -73,9 +69,7 @@ def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
     """
     d = config.data
     dense = isinstance(inputs.train.schema, data.DenseSchema)
-    augment = d.augment
-    if augment == "auto":
-        augment = "none" if dense else AUTO_AUGMENT.get(config.model.name, "none")
+    augment = resolve_augment(d.augment, config.model.name, dense)
     norm = normalization(d.normalize)
     if dense and (augment != "none" or norm is not None):
         flag = f"--augment={augment}" if augment != "none" else f"--normalize={d.normalize}"
@@ -97,9 +91,36 @@ def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
 
 def use_cache(config: DataConfig, inputs: Inputs) -> bool:
     """Whether training images are decoded once into memory: --cache=memory, or auto below the bound."""
-    if config.cache == "none" or isinstance(inputs.train.schema, data.DenseSchema):
-        return False
-    return config.cache == "memory" or data.estimated_bytes(inputs.train) <= data.AUTO_CACHE_BYTES
+    return _cache_decision(config, inputs)[0]
+
+
+def _cache_decision(config: DataConfig, inputs: Inputs) -> tuple[bool, str, int | None]:
+    """(cache or not, why auto decided so or "", the decoded-size estimate auto decided on or None)."""
+    if isinstance(inputs.train.schema, data.DenseSchema):
+        return False, "dense records" if config.cache == "auto" else "", None
+    if config.cache != "auto":
+        return config.cache == "memory", "", None
+    decoded = data.estimated_bytes(inputs.train)
+    bound = "" if decoded <= data.AUTO_CACHE_BYTES else f", over the {data.AUTO_CACHE_BYTES / 2**30:g} GiB bound"
+    return decoded <= data.AUTO_CACHE_BYTES, f"{format_bytes(decoded)} decoded{bound}", decoded
+
+
+def data_settings(config: RunConfig, inputs: Inputs) -> DataSettings:
+    """What training reads, resolved once per run: the pipeline, the banner and metrics.json all use it.
+
+    Raises:
+      ConfigError: as `preprocessing`.
+    """
+    preprocess = preprocessing(config, inputs)
+    cache, reason, decoded = _cache_decision(config.data, inputs)
+    return DataSettings(
+        preprocess,
+        config.data.augment == "auto",
+        normalize_text(config.data.normalize),
+        cache,
+        reason,
+        decoded,
+    )
 
 
 class PlacedIterator:
@@ -151,7 +172,12 @@ class PlacedIterator:
 
 
 def train_iterators(
-    config: RunConfig, placement: Placement, inputs: Inputs, train_dataset, bad_records: data.BadRecords
+    config: RunConfig,
+    placement: Placement,
+    inputs: Inputs,
+    train_dataset,
+    bad_records: data.BadRecords,
+    settings: DataSettings,
 ) -> list:
     """Sync: K streams of micro-batches, stream j on the host of micro-batch j's tower. Async: one stream per
     tower, on its host. Every stream reads its own share of the files, so no example is read twice per epoch.
@@ -167,13 +193,11 @@ def train_iterators(
         hosts = [placement.host_of(tower_of_micro_batch(j, k, num_towers)) for j in range(k)]
     if train_dataset is not None:  # no positions: restarts from its beginning
         return [PlacedIterator(train_dataset, host) for host in hosts]
-    preprocess = preprocessing(config, inputs)
-    cache = use_cache(config.data, inputs)
     iterators = []
     for j, host in enumerate(hosts):
         stream = dict(worker_index=j, num_workers=len(hosts), num_classes=inputs.num_classes, bad_records=bad_records)
         decoded = None
-        if cache:  # decoded once, on the stream's host, and kept across the stream's rebuilds
+        if settings.cache:  # decoded once, on the stream's host, and kept across the stream's rebuilds
             with tf.device(host):
                 decoded = data.decode_share(inputs.train, **stream)
         make = functools.partial(
@@ -183,7 +207,7 @@ def train_iterators(
             training=True,
             seed=config.seed,
             shuffle_buffer=max(1, config.data.shuffle_buffer // len(hosts)),
-            preprocess=preprocess,
+            preprocess=settings.preprocess,
             cache=decoded,
             **stream,
         )
@@ -195,10 +219,10 @@ def _resuming(make_dataset):
     return lambda position: make_dataset(resume_from=position)
 
 
-def eval_dataset_fn(config: RunConfig, inputs: Inputs, bad_records: data.BadRecords):
-    """() -> the eval dataset: every eval record once, in order, in batches of --eval_batch_size."""
+def eval_dataset_fn(config: RunConfig, inputs: Inputs, bad_records: data.BadRecords, preprocess: data.Preprocess):
+    """() -> the eval dataset: every eval record once, in order, in batches of --eval_batch_size, through
+    `preprocess` (the training run's; for imagenet the center crop; never random)."""
     eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
-    preprocess = preprocessing(config, inputs)  # imagenet: the center crop; never random
 
     def make_dataset():
         return data.make_dataset(

@@ -1,4 +1,4 @@
-"""What a run leaves for people and tools: `metrics.json`, `flags.txt`, and the weights hash."""
+"""What a run leaves for people and tools: `metrics.json` (its contents too), `flags.txt`, and the weights hash."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import math
 import os
 
 import numpy as np
+
+from trainer import runtime, spread, versions
 
 
 def weights_sha256(variables) -> str:
@@ -64,3 +66,46 @@ def _plain(value):
     if isinstance(value, np.ndarray):
         return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def final_metrics(config, state, results: dict, examples_per_sec: float | None, attempts: list) -> dict:
+    """metrics.json: the loop's final `results`, what was trained on what (towers, placement, data settings,
+    versions, runtime) and the weights hash, from `state` (a `trainer.run.Trainer`). `examples_per_sec` and
+    `attempts` cover every attempt of the run (`trainer.attempts.AttemptLog`)."""
+    t = config.towers
+    metrics = {
+        "global_step": results["global_step"],
+        "train_loss": results.get("train_loss"),
+        "train_accuracy": results.get("train_accuracy"),
+        "eval_loss": results.get("eval_loss"),
+        "eval_accuracy": results.get("eval_accuracy"),
+        "eval_examples": results.get("eval_examples"),
+        "examples_per_sec": examples_per_sec,  # over every attempt of the run
+        "bad_records": state.bad_records.count if state.bad_records else 0,
+        "attempts": attempts,
+        "num_towers": t.total_towers,
+        "num_tasks": t.num_tasks,
+        "towers_per_task": t.num_towers,
+        "micro_batches": t.num_micro_batches,
+        "global_batch_size": t.global_batch_size,
+        "update_mode": t.update_mode,
+        "deterministic": config.deterministic,
+        "model": config.model.name,
+        **state.data_settings.metrics(),  # what it trained on: augment, normalize, cache
+        "placement": t.parameter_device,
+        "parameter_devices": spread.parameter_devices([*state.model.variables, *state.optimizer.variables]),
+        "weights_sha256": weights_sha256(state.model.variables),
+        "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
+        "devices": list(state.placement.towers),
+        "versions": versions.describe(),
+        "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
+    }
+    staleness = getattr(state.mode, "staleness_all", None)
+    if staleness:  # async: over every update of this process (a resumed run counts from its restart)
+        metrics.update(
+            staleness_mean=float(np.mean(staleness)),
+            staleness_max=int(np.max(staleness)),
+            staleness_updates=len(staleness),
+            max_staleness=t.max_staleness,
+        )
+    return metrics

@@ -3,8 +3,9 @@ define the run (`run.json`), and the flags of every start (`flags.txt`, `flags.h
 
 A run's directory is its identity: a requeued job, a manual rerun and a second experiment all find the same
 checkpoints there. So a second live run is refused (naming the holder), and a resume whose settings would
-change what is being trained (seed, model, data, batch, optimizer, schedule...) is refused with the list of
-differences unless `--allow_flag_changes` is given. Settings that may change on resume are in `MAY_CHANGE`.
+change what is being trained (seed, model, data, augmentation, batch, optimizer, schedule...) is refused with
+the list of differences unless `--allow_flag_changes` is given; augmentation and normalization are compared as
+resolved (`--augment=auto` is what it chose for the model). Settings that may change on resume are in `MAY_CHANGE`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 
 from trainer import checkpoint_files, report
 from trainer.config import ConfigError, RunConfig, flatten
+from trainer.data_settings import normalize_text, resolve_augment
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
@@ -54,6 +56,13 @@ MAY_CHANGE = {
 }
 # With K fixed, the towers (on one machine or several) do not change the sync result.
 SYNC_MAY_CHANGE = {"towers.num_towers", "towers.num_tasks"}
+# What the runs before a setting existed did, where a run.json without it must not be read as today's default:
+# before --augment and --normalize (commit b1283dc) images were scaled to [0, 1] (/255) and nothing else, and
+# --augment=auto now augments resnet20 and resnet50.
+PREDATES = {"data.augment": "none", "data.normalize": "none"}
+# Settings whose recorded value reproduces the run when given on the command line: a flags.txt written before
+# the setting existed does not hold it, so --flagfile alone would not.
+REPRODUCE = ("data.augment", "data.normalize")
 FLAG_NAMES = {  # the flag of a setting, where it is not the setting's last name
     "towers.num_towers": "num_gpus",
     "towers.num_micro_batches": "micro_batches",
@@ -114,7 +123,19 @@ def defining_settings(config: RunConfig) -> dict:
     flat.pop("towers.micro_batches")
     flat["towers.num_micro_batches"] = config.towers.num_micro_batches
     changeable = MAY_CHANGE | (SYNC_MAY_CHANGE if config.towers.update_mode == "sync" else set())
-    return {k: _jsonable(v) for k, v in sorted(flat.items()) if k not in changeable}
+    return _resolved({k: _jsonable(v) for k, v in sorted(flat.items()) if k not in changeable})
+
+
+def _resolved(settings: dict) -> dict:
+    """`settings` with --augment and --normalize as what they do to the images: auto resolved for the run's
+    model, one spelling per normalization. A resume compares what is trained on, not the flags' spelling:
+    `auto` is crop_flip for resnet20 and none for cnn, and run.json files written before this held `auto`."""
+    dense = settings["data.record_schema"] == "dense"
+    return {
+        **settings,
+        "data.augment": resolve_augment(settings["data.augment"], settings["model.name"], dense),
+        "data.normalize": normalize_text(settings["data.normalize"]),
+    }
 
 
 def _jsonable(value):
@@ -130,26 +151,33 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
     model_dir = config.loop.model_dir
     path = os.path.join(model_dir, RUN_FILE)
     current = defining_settings(config)
-    has_checkpoint = checkpoint_files.any_saved(model_dir)
-    if has_checkpoint and os.path.exists(path):
+    if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
         with open(path) as f:
-            # a setting newer than the recorded run had its default value then
-            recorded = {**defining_settings(RunConfig()), **json.load(f)}
-        changes = [
-            f"--{FLAG_NAMES.get(k, k.split('.')[-1])}: {recorded.get(k)!r} -> {current.get(k)!r}"
-            for k in sorted(set(recorded) | set(current))
-            if recorded.get(k) != current.get(k)
-        ]
+            # a setting newer than the recorded run had its default value then, or what PREDATES says
+            recorded = _resolved({**defining_settings(RunConfig()), **PREDATES, **json.load(f)})
+        changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+        changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:
+            reproduce = "".join(f" --{_flag(k)}={recorded[k]}" for k in changed if k in REPRODUCE)
             raise RunDirError(
-                f"{model_dir} holds a run these flags would change ({'; '.join(changes)}). Resume with its "
-                f"flags (--flagfile={os.path.join(model_dir, 'flags.txt')}), use a new --model_dir, or pass "
+                f"{model_dir} holds a run these flags would change ({changes}). Resume with its flags "
+                f"(--flagfile={os.path.join(model_dir, 'flags.txt')}{reproduce}), use a new --model_dir, or pass "
                 f"--allow_flag_changes to resume anyway"
             )
         if changes:
-            log(f"resuming with changed settings (--allow_flag_changes): {'; '.join(changes)}")
+            log(f"resuming with changed settings (--allow_flag_changes): {changes}")
         _warn_if_schedule_stretched(config, log)
     report.write_json(path, current)
+
+
+def _flag(setting: str) -> str:
+    return FLAG_NAMES.get(setting, setting.split(".")[-1])
+
+
+def _change(setting: str, recorded: dict, current: dict, config: RunConfig) -> str:
+    """`--flag: recorded -> now`, saying where now's augmentation came from when --augment=auto chose it."""
+    auto = f" (auto for {config.model.name})" if setting == "data.augment" and config.data.augment == "auto" else ""
+    return f"--{_flag(setting)}: {recorded.get(setting)!r} -> {current.get(setting)!r}{auto}"
 
 
 def _warn_if_schedule_stretched(config: RunConfig, log) -> None:
