@@ -99,10 +99,8 @@ class SyncUpdate:
         while done < num_steps - 1:
             ran, totals = self._lean_call(num_steps - 1 - done, totals, traced)
             done += ran
-            if should_stop is not None and should_stop():
+            if (should_stop is not None and should_stop()) or self._interrupted.numpy():
                 return {"steps": done, **traced}  # a cut window: nothing to report, the run checkpoints next
-            if self._interrupted.numpy():
-                return {"steps": done, **traced}
         metrics = self._timed(self._step_fn, 1, traced, report=True, want_gradients=want_gradients)
         self._raise_if_diverged(metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
         self.latest_loss = metrics["loss"]
