@@ -65,7 +65,7 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     eval_batch_size: int = 0  # 0: the global batch size
     max_bad_records: int = 0  # corrupt training records (bad CRC, truncated file) skipped before failing
-    augment: str = "auto"  # auto: by model family (trainer/inputs.py AUTO_AUGMENT)
+    augment: str = "auto"  # auto: by model family (trainer/data_settings.py AUTO_AUGMENT)
     normalize: str = "none"  # none, imagenet, or MEAN,...,STD,... (see `normalization`)
     cache: str = "auto"  # auto: decoded training images in memory when below data.AUTO_CACHE_BYTES
 
