@@ -12,8 +12,8 @@ buffer, a position per record) cost ~4.9 ms of CPU per batch of 128 digits, a th
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-import numpy as np
 import tensorflow as tf
 
 from data.integrity import CHUNK
@@ -31,7 +31,7 @@ def cycle_length(num_files: int) -> int:
 
 def part_key(seed: int, epoch: tf.Tensor, part) -> tf.Tensor:
     """Stateless seed of one part of an epoch (0: its file order, c + 1: its chunk c), int64 [2]."""
-    return tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64) * _PARTS_PER_EPOCH + part])
+    return tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64) * _PARTS_PER_EPOCH + part])
 
 
 def shuffled_files(files, seed: int, epoch: tf.Tensor) -> tf.Tensor:
@@ -74,37 +74,55 @@ class StreamOrder:
 
     def epoch_ids(self, epoch: tf.Tensor) -> tf.Tensor:
         """The record ids of epoch `epoch` in the order the reader yields them, int64 [records kept]."""
-        files = shuffled_files(np.arange(len(self.counts), dtype=np.int64), self.seed, epoch)
-        starts, lengths = self._chunks(files)
-        ids = tf.map_fn(
-            lambda args: self._shuffled_chunk(*args, epoch),
-            (starts, lengths, tf.range(1, tf.size(starts, tf.int64) + 1)),
-            fn_output_signature=tf.int64,
-        )
-        ids = tf.boolean_mask(ids, ids >= 0)[self.share_index :: self.shares]
-        return tf.gather(ids, self.buffer)
-
-    def _chunks(self, files: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """First id and length of every chunk (the empty end markers too) in the interleave's order."""
-        counts = tf.gather(tf.constant(self.counts, tf.int64), files)
-        chunks = counts // CHUNK + tf.cast(counts % CHUNK > 0, tf.int64) + 1  # with the end marker
-        rounds, slots = _interleave_slots(chunks, cycle_length(len(self.counts)))
-        file_of = tf.repeat(tf.range(tf.size(chunks, tf.int64)), chunks)  # per chunk: its file's place in files
-        within = tf.range(tf.reduce_sum(chunks)) - tf.gather(tf.cumsum(chunks, exclusive=True), file_of)
-        turn = (tf.gather(rounds, file_of) + within) * cycle_length(len(self.counts)) + tf.gather(slots, file_of)
-        order = tf.argsort(turn, stable=True)
-        file_of, within = tf.gather(file_of, order), tf.gather(within, order)
-        first = tf.gather(tf.gather(tf.constant(self.starts, tf.int64), files), file_of) + within * CHUNK
-        lengths = tf.clip_by_value(tf.gather(counts, file_of) - within * CHUNK, 0, CHUNK)
-        return first, lengths
-
-    def _shuffled_chunk(self, first: tf.Tensor, length: tf.Tensor, part: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
-        key = part_key(self.seed, epoch, part)
-        ids = tf.random.experimental.stateless_shuffle(tf.range(first, first + length), key)
-        return tf.pad(ids, [[0, CHUNK - length]], constant_values=-1)
+        as_int64 = functools.partial(tf.constant, dtype=tf.int64)
+        fields = (self.starts, self.counts, self.seed, self.share_index, self.shares)
+        return _epoch_ids(tf.cast(epoch, tf.int64), *map(as_int64, fields), self.buffer)
 
 
-def _interleave_slots(chunks: tf.Tensor, cycle: int) -> tuple[tf.Tensor, tf.Tensor]:
+# One graph for every stream, traced once per process (the streams of a run differ only in these tensors):
+# built per stream, its loops took ~0.3 s each, paid by every tower and every run.
+@tf.function(
+    autograph=False,
+    input_signature=[tf.TensorSpec([], tf.int64)]
+    + [tf.TensorSpec([None], tf.int64)] * 2
+    + [tf.TensorSpec([], tf.int64)] * 3
+    + [tf.TensorSpec([None], tf.int64)],
+)
+def _epoch_ids(epoch, starts, counts, seed, share_index, shares, buffer):
+    """`StreamOrder.epoch_ids`, with its fields as tensors."""
+    files = shuffled_files(tf.range(tf.size(counts, tf.int64)), seed, epoch)
+    first, lengths = _chunks(files, starts, counts)
+    ids = tf.map_fn(
+        lambda args: _shuffled_chunk(*args, seed, epoch),
+        (first, lengths, tf.range(1, tf.size(first, tf.int64) + 1)),
+        fn_output_signature=tf.int64,
+    )
+    ids = tf.boolean_mask(ids, ids >= 0)[share_index::shares]
+    return tf.gather(ids, buffer)
+
+
+def _chunks(files: tf.Tensor, starts: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """First id and length of every chunk (the empty end markers too) in the interleave's order."""
+    cycle = tf.minimum(tf.size(counts, tf.int64), MAX_CYCLE_LENGTH)  # `cycle_length`
+    counts = tf.gather(counts, files)
+    chunks = counts // CHUNK + tf.cast(counts % CHUNK > 0, tf.int64) + 1  # with the end marker
+    rounds, slots = _interleave_slots(chunks, cycle)
+    file_of = tf.repeat(tf.range(tf.size(chunks, tf.int64)), chunks)  # per chunk: its file's place in files
+    within = tf.range(tf.reduce_sum(chunks)) - tf.gather(tf.cumsum(chunks, exclusive=True), file_of)
+    turn = (tf.gather(rounds, file_of) + within) * cycle + tf.gather(slots, file_of)
+    order = tf.argsort(turn, stable=True)
+    file_of, within = tf.gather(file_of, order), tf.gather(within, order)
+    first = tf.gather(tf.gather(starts, files), file_of) + within * CHUNK
+    lengths = tf.clip_by_value(tf.gather(counts, file_of) - within * CHUNK, 0, CHUNK)
+    return first, lengths
+
+
+def _shuffled_chunk(first, length, part, seed, epoch) -> tf.Tensor:
+    ids = tf.random.experimental.stateless_shuffle(tf.range(first, first + length), part_key(seed, epoch, part))
+    return tf.pad(ids, [[0, CHUNK - length]], constant_values=-1)
+
+
+def _interleave_slots(chunks: tf.Tensor, cycle: int | tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Round and slot at which the interleave opens each file (in the epoch's order), yielding `chunks[k]`
     chunks from file k: chunk j at round + j in its slot, and turn (round, slot) comes before (round, slot+1).
 
@@ -112,7 +130,7 @@ def _interleave_slots(chunks: tf.Tensor, cycle: int) -> tuple[tf.Tensor, tf.Tens
     notices its end one round after its last chunk, and the next file opens there one round later still
     (tests/test_order.py checks this against `Dataset.interleave` for many files and counts).
     """
-    slot_ids = tf.range(cycle, dtype=tf.int64)
+    slot_ids = tf.range(cycle, dtype=tf.int64)  # `cycle` may be a tensor
 
     def open_file(state, num_chunks):
         free_round, _, _ = state
@@ -137,7 +155,10 @@ def id_batches(order: StreamOrder, start: tuple[int, int], batch_size: int, drop
         records = tf.range(1, tf.size(ids, tf.int64) + 1)
         return tf.stack([tf.fill(tf.shape(ids), number), records], axis=1), ids
 
-    resumed = tf.data.Dataset.from_tensors(tf.constant(first_epoch, tf.int64)).map(epoch)
-    resumed = resumed.map(lambda positions, ids: (positions[first_record:], ids[first_record:]))
-    epochs = resumed.concatenate(tf.data.Dataset.counter(first_epoch + 1).map(epoch)).prefetch(1)
+    def resumed(index, epoch_records):  # the first epoch starts at `first_record`
+        skip = tf.where(index == 0, tf.constant(first_record, tf.int64), 0)
+        return tuple(part[skip:] for part in epoch_records)
+
+    # One map of `epoch` (its graph, with loops, takes ~0.1 s to build per stream), then a cheap cut.
+    epochs = tf.data.Dataset.counter(first_epoch).map(epoch).enumerate().map(resumed).prefetch(1)
     return epochs.rebatch(batch_size, drop_remainder=drop_remainder)
