@@ -75,7 +75,7 @@ class StreamOrder:
     def epoch_ids(self, epoch: tf.Tensor) -> tf.Tensor:
         """The record ids of epoch `epoch` in the order the reader yields them, int64 [records kept]."""
         as_int64 = functools.partial(tf.constant, dtype=tf.int64)
-        fields = (self.starts, self.counts, self.seed, self.share_index, self.shares)
+        fields = (self.starts, self.counts, cycle_length(len(self.counts)), self.seed, self.share_index, self.shares)
         return _epoch_ids(tf.cast(epoch, tf.int64), *map(as_int64, fields), self.buffer)
 
 
@@ -85,13 +85,13 @@ class StreamOrder:
     autograph=False,
     input_signature=[tf.TensorSpec([], tf.int64)]
     + [tf.TensorSpec([None], tf.int64)] * 2
-    + [tf.TensorSpec([], tf.int64)] * 3
+    + [tf.TensorSpec([], tf.int64)] * 4
     + [tf.TensorSpec([None], tf.int64)],
 )
-def _epoch_ids(epoch, starts, counts, seed, share_index, shares, buffer):
+def _epoch_ids(epoch, starts, counts, cycle, seed, share_index, shares, buffer):
     """`StreamOrder.epoch_ids`, with its fields as tensors."""
     files = shuffled_files(tf.range(tf.size(counts, tf.int64)), seed, epoch)
-    first, lengths = _chunks(files, starts, counts)
+    first, lengths = _chunks(files, starts, counts, cycle)
     ids = tf.map_fn(
         lambda args: _shuffled_chunk(*args, seed, epoch),
         (first, lengths, tf.range(1, tf.size(first, tf.int64) + 1)),
@@ -101,9 +101,8 @@ def _epoch_ids(epoch, starts, counts, seed, share_index, shares, buffer):
     return tf.gather(ids, buffer)
 
 
-def _chunks(files: tf.Tensor, starts: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def _chunks(files, starts, counts, cycle) -> tuple[tf.Tensor, tf.Tensor]:
     """First id and length of every chunk (the empty end markers too) in the interleave's order."""
-    cycle = tf.minimum(tf.size(counts, tf.int64), MAX_CYCLE_LENGTH)  # `cycle_length`
     counts = tf.gather(counts, files)
     chunks = counts // CHUNK + tf.cast(counts % CHUNK > 0, tf.int64) + 1  # with the end marker
     rounds, slots = _interleave_slots(chunks, cycle)
