@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         selected = figure_defs.select(all_figures, args.only, size)
     except ValueError as e:
         parser.error(str(e))
-    from trainer import config  # no TensorFlow: which update modes this tree has
+    from trainer.settings import config  # no TensorFlow: which update modes this tree has
 
     available = {"async"} if "async" in config.UPDATE_MODES else set()
     command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)

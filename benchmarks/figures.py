@@ -37,7 +37,7 @@ HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tfrecor
 # How TensorFlow runs on this machine, not how towerflow's code performs: they do not move when towerflow
 # changes, so --quick (run after changes) leaves them out unless --only names them (or their group).
 RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
-# --augment=auto of each setting's model (trainer.data_settings.AUTO_AUGMENT; the parent imports no TensorFlow, a
+# --augment=auto of each setting's model (trainer.settings.preprocess.AUTO_AUGMENT; the parent imports no TensorFlow, a
 # test checks they agree). The digits models get none there (a flipped 2 is no 2); here flip, the cheapest
 # kind: its cost next to a 20 ms step, not a recommendation.
 AUTO_AUGMENT = {"resnet20": "crop_flip", "resnet50": "imagenet"}

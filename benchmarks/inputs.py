@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import data
 from benchmarks.plan import Setting
-from trainer.config import DataConfig
+from trainer.settings.config import DataConfig
 
 # Enough batches to hold the whole digits train set (1437 / 128) and 2048 synthetic examples at batch 64;
 # every memory side cycles through them.

@@ -63,7 +63,7 @@ class SessionKey(typing.NamedTuple):
 class Side:
     """One side of a figure: a training loop and its options, built once per worker and timed in windows.
 
-    kind: "towerflow" (trainer.run.build), "plain" (a single-device tf.function step) or "mirrored"
+    kind: "towerflow" (trainer.loop.run.build), "plain" (a single-device tf.function step) or "mirrored"
     (tf.distribute.MirroredStrategy custom loop).
     """
 
@@ -75,9 +75,9 @@ class Side:
     mixed_precision: str = ""
     update_mode: str = "sync"
     histogram_every_steps: int = 0  # >0: every window ends with gradient+weight histograms
-    live_progress: bool = False  # redraw the console's live line (trainer.progress), into /dev/null
+    live_progress: bool = False  # redraw the console's live line (trainer.outputs.progress), into /dev/null
     augment: str = "none"  # --augment of a "tfrecord" side (memory sides hold unaugmented batches)
-    # Runtime options (trainer.runtime); process-wide, so part of `session_key`. auto / 0: TensorFlow's default.
+    # Runtime options (trainer.system.runtime); process-wide, so part of `session_key`. auto / 0: TensorFlow's default.
     onednn: str = "auto"
     inter_op_threads: int = 0
     intra_op_threads: int = 0
@@ -118,7 +118,7 @@ class Figure:
     b: Side
     target: float | None = None
     fixed_steps: int = 0  # >0: every window has exactly this many steps (instead of calibrating to seconds)
-    requires: str = ""  # "async": measured only when trainer.config.UPDATE_MODES has it
+    requires: str = ""  # "async": measured only when trainer.settings.config.UPDATE_MODES has it
     group: str = ""  # a name `--only` also accepts, shared by related figures
 
     @property

@@ -14,10 +14,10 @@ import numpy as np
 
 from benchmarks import inputs, reference
 from benchmarks.plan import Setting, Side
-from trainer.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, RuntimeConfig, TowerConfig
-from trainer.progress import ProgressLine
-from trainer.run import build
-from trainer.summaries import Summaries, variable_tags
+from trainer.loop.run import build
+from trainer.outputs.progress import ProgressLine
+from trainer.outputs.summaries import Summaries, variable_tags
+from trainer.settings.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, RuntimeConfig, TowerConfig
 
 
 def run_config(side: Side, setting: Setting, records: dict, model_dir: str) -> RunConfig:
@@ -48,7 +48,7 @@ def run_config(side: Side, setting: Setting, records: dict, model_dir: str) -> R
 
 
 class TowerflowSide:
-    """A built towerflow Trainer, stepped through `trainer.mode.train_steps` as `trainer.loop.Loop` does."""
+    """A built towerflow Trainer, stepped through `trainer.mode.train_steps` as `trainer.loop.controller.Loop` does."""
 
     def __init__(self, side: Side, setting: Setting, records: dict, model_dir: str):
         config = run_config(side, setting, records, model_dir)

@@ -28,7 +28,7 @@ def _loops(steps: int) -> dict:
     from benchmarks import records as records_lib
     from benchmarks.plan import SETTINGS, Side
     from benchmarks.sides import run_config
-    from trainer.run import build
+    from trainer.loop.run import build
 
     setting = SETTINGS["cnn-digits"]
     records = records_lib.ensure_records(setting)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--windows", type=int, default=9, help="timed windows per loop (after 2 warm-up)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from trainer import devices
+    from trainer.system import devices
 
     devices.configure_logical_cpus(1)  # before any op
     loops = _loops(args.steps)

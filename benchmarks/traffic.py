@@ -3,7 +3,7 @@
     python -m benchmarks.traffic                          # cnn, resnet20, resnet50 at N = 2, 4, 8 (K = N)
     python -m benchmarks.traffic --models=cnn --towers=2,4
 
-Counted from the traced step (`trainer.traffic.count`), not timed: the figure is what a layout asks of the
+Counted from the traced step (`trainer.step.traffic.count`), not timed: the figure is what a layout asks of the
 busiest device, the same on any machine. N towers are logical CPU devices 0..N-1 standing in for GPUs and
 one more logical device, N, stands for the host, so `cpu` (variables on the host) and `gpu` (variables on
 the first tower) differ as they would on a GPU machine. A process configures its logical devices once, so
@@ -32,7 +32,7 @@ NUM_CLASSES = 10
 def measure(model: str, num_towers: int, placement_name: str, per_micro_batch: int = 2, time_steps: int = 0) -> dict:
     """Builds the trainer's model, optimizer and sync step for one placement and counts its traffic; with
     `time_steps`, also times windows of that many steps (median examples/sec of 3, after one warm-up)."""
-    from trainer import traffic
+    from trainer.step import traffic
 
     step, variables, host = _sync_step(model, num_towers, placement_name, per_micro_batch)
     graph = step._step_fn.get_concrete_function([it.iterator for it in step.iterators], False, False).graph
@@ -58,9 +58,9 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
     and the host device."""
     import tensorflow as tf
 
-    from trainer import config as cfg
-    from trainer.run import build_model_and_optimizer
-    from trainer.sync import SyncUpdate
+    from trainer.loop.run import build_model_and_optimizer
+    from trainer.settings import config as cfg
+    from trainer.step.sync import SyncUpdate
 
     placement = _placement(num_towers, placement_name)
     config = cfg.RunConfig(
@@ -70,7 +70,7 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
     inputs = types.SimpleNamespace(train=types.SimpleNamespace(example_shape=EXAMPLE_SHAPES[model]))
     inputs.num_classes = NUM_CLASSES
     model_, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
-    from trainer.inputs import PlacedIterator
+    from trainer.loop.inputs import PlacedIterator
 
     dataset = tf.data.Dataset.from_tensors(
         (tf.zeros((per_micro_batch, *EXAMPLE_SHAPES[model])), tf.zeros((per_micro_batch,), tf.int32))
@@ -91,7 +91,7 @@ def _examples_per_sec(step, steps: int) -> float:
 
 
 def _placement(num_towers: int, name: str):
-    from trainer.devices import Placement
+    from trainer.system.devices import Placement
 
     towers = tuple(f"/device:CPU:{i}" for i in range(num_towers))
     host = f"/device:CPU:{num_towers}"

@@ -7,7 +7,7 @@ different device counts cannot share a process, a deterministic side cannot shar
 without changing it (kernels read the determinism switch when they run, not when they are traced), oneDNN is
 chosen when TensorFlow is imported and thread pools when it starts; so the parent starts one worker per key
 and alternates windows between workers when a figure's sides live in two. The runtime options are applied by
-`trainer.runtime`, as `python -m trainer` applies them, and read back before the first reply.
+`trainer.system.runtime`, as `python -m trainer` applies them, and read back before the first reply.
 
 Protocol: one JSON command per line on stdin, one JSON reply per line on the original stdout. Everything
 else TensorFlow or Keras prints is sent to stderr, so it cannot corrupt a reply.
@@ -50,7 +50,7 @@ class Server:
         import keras
         import tensorflow as tf
 
-        from trainer import config
+        from trainer.settings import config
 
         return {
             "tensorflow": tf.__version__,
@@ -102,14 +102,14 @@ class Server:
 
 
 def applied_runtime(config) -> dict:
-    """The runtime settings as TensorFlow reports them (`trainer.runtime.describe`, CPU part), after checking
+    """The runtime settings as TensorFlow reports them (`trainer.system.runtime.describe`, CPU part), after checking
     that each one asked for in `config` is in force: a benchmark of an option that silently did not apply
     would compare a process with itself.
 
     Raises:
       RuntimeError: a setting TensorFlow reports differently from `config`.
     """
-    from trainer import runtime
+    from trainer.system import runtime
 
     applied = {k: v for k, v in runtime.describe().items() if not k.startswith("gpu_")}
     wanted = {name: getattr(config, name) for name in ("inter_op_threads", "intra_op_threads")}
@@ -151,8 +151,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     from benchmarks.plan import SessionKey
-    from trainer import runtime  # no TensorFlow yet
-    from trainer.config import RuntimeConfig
+    from trainer.settings.config import RuntimeConfig
+    from trainer.system import runtime  # no TensorFlow yet
 
     key = SessionKey(args.devices, args.deterministic, args.onednn, args.inter_op_threads, args.intra_op_threads)
     runtime_config = RuntimeConfig(
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM (the parent was interrupted) unwinds like an error: sides closed, work directory removed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     replies = _reply_stream()
-    from trainer import devices  # imports TensorFlow
+    from trainer.system import devices  # imports TensorFlow
 
     runtime.apply(runtime_config, args.deterministic)  # before any op, like devices
     devices.configure_logical_cpus(args.devices)

@@ -14,7 +14,7 @@ One task (`--nodes=1 --tasks_per_node=1`, the default): what the script does, an
 
 Several tasks (`--nodes=M`, `--tasks_per_node=T`, M*T > 1): every task runs the same `python -m trainer`;
 task 0 (the first task of the first node) is the chief, the others serve their devices to it
-(`trainer/distributed.py`, `launch/cluster.py`). The normal layout is one task per node driving all the
+(`trainer/system/distributed.py`, `launch/cluster.py`). The normal layout is one task per node driving all the
 node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks on one machine.
 - `exec srun --kill-on-bad-exit=1 python -m trainer ...`: the batch task becomes srun, which starts the M*T
   tasks as one job step (block distribution, which `launch.cluster` expects); a task that fails (a dead

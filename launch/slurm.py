@@ -74,8 +74,8 @@ def _trainer_flags(trainer_args: list[str], num_tasks: int = 1):
     """
     from absl import flags  # noqa: PLC0415
 
-    from trainer import config as cfg  # noqa: PLC0415
-    from trainer import flags as trainer_flags  # noqa: PLC0415
+    from trainer.settings import config as cfg  # noqa: PLC0415
+    from trainer.settings import flags as trainer_flags  # noqa: PLC0415
 
     trainer_flags.define_flags()  # on absl's global FLAGS, as `python -m trainer` does (idempotent)
     values = flags.FLAGS

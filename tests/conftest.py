@@ -39,7 +39,7 @@ def digits_cache(tmp_path_factory):
 @pytest.fixture
 def make_config(tmp_path):
     """Returns a factory of small, fast RunConfigs on logical CPU towers; keyword groups override fields."""
-    from trainer import config as cfg
+    from trainer.settings import config as cfg
 
     def make(model_dir=None, seed=0, deterministic=True, **groups):
         base = cfg.RunConfig(

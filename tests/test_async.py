@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from trainer import config as cfg
-from trainer.run import build, train
-from trainer.staleness import Gate, TowerFailed
-from trainer.stop import StopRequested
+from trainer.loop.run import build, train
+from trainer.settings import config as cfg
+from trainer.step.staleness import Gate, TowerFailed
+from trainer.system.stop import StopRequested
 
 
 def _async(make_config, num_towers=2, max_staleness=-1, **loop):

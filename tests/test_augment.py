@@ -1,5 +1,5 @@
 """Tests of image augmentation, normalization and the decoded cache (data/augment.py, data/cache.py), and of
-how the trainer resolves --augment, --normalize and --cache (trainer/inputs.py)."""
+how the trainer resolves --augment, --normalize and --cache (trainer/loop/inputs.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from _data_helpers import _images
 
 import data
 from data import augment
-from trainer import config as cfg
-from trainer import data_settings
-from trainer import inputs as inputs_lib
+from trainer.loop.controller import inputs as inputs_lib
+from trainer.settings import config as cfg
+from trainer.settings import preprocess as data_settings
 
 
 def _smooth_images(n: int, height: int, width: int, seed: int = 0) -> np.ndarray:

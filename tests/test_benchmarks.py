@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks import figures, session, timing
 from benchmarks.plan import SETTINGS, SIZES, SessionKey, Side
-from trainer import config, runtime
+from trainer.settings import config
+from trainer.system import runtime
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,7 +75,7 @@ def test_runtime_options_are_part_of_the_session_key_and_the_worker_command():
 
 
 def test_augment_needs_tfrecord_input_and_matches_the_trainers_auto():
-    from trainer import data_settings
+    from trainer.settings import preprocess as data_settings
 
     with pytest.raises(ValueError, match="needs input='tfrecord'"):
         Side("towerflow", augment="flip")

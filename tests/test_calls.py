@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainer import calls
-from trainer.calls import CallSize
+from trainer.step import calls
+from trainer.step.calls import CallSize
 
 
 def test_fixed_size_is_capped_by_the_window():

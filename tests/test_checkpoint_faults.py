@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from trainer import checkpoint_files
-from trainer.checkpoint import CheckpointMismatch
-from trainer.run import build, train
+from trainer.loop.run import build, train
+from trainer.outputs import checkpoint_files
+from trainer.outputs.checkpoint import CheckpointMismatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16  # the reference run; the "killed" run stopped after its step-12 checkpoint (ckpt-4, 8, 12 on disk)

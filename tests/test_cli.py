@@ -13,7 +13,7 @@ import pytest
 from absl import flags
 
 from trainer import cli
-from trainer import flags as tf_flags
+from trainer.settings import flags as tf_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What TF 2.21 writes on a CPU-only machine: absl's banner, `I0000 ... port.cc] oneDNN ...`,

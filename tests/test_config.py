@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer import config as cfg
+from trainer.settings import config as cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

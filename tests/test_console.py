@@ -10,9 +10,9 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.histogram import summary_v2
 
-from trainer import progress
-from trainer.run import train
-from trainer.summaries import histogram_buckets
+from trainer.loop.run import train
+from trainer.outputs import progress
+from trainer.outputs.summaries import histogram_buckets
 
 
 def _scalars(directory, tag: str) -> dict[int, float]:
@@ -84,7 +84,7 @@ def test_a_finished_run_rerun_is_announced_and_left_as_it_is(make_config, tmp_pa
 
 
 def test_extending_a_cosine_run_warns_that_the_schedule_is_stretched(make_config, tmp_path, capsys):
-    from trainer import rundir
+    from trainer.outputs import rundir
 
     config = make_config(loop={"train_steps": 6, "checkpoint_every_steps": 3})
     train(config)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainer import stop as stop_lib
+from trainer.system import stop as stop_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = [

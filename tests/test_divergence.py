@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import report
-from trainer import stop as stop_lib
-from trainer.run import build, train
+from trainer.loop.run import build, train
+from trainer.outputs import report
+from trainer.system import stop as stop_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""The serving export (`trainer.export`): `export/<step>/` loads in a fresh process, and its three signatures
+"""The serving export (`trainer.outputs.export`): `export/<step>/` loads in a fresh process, and its three signatures
 classify the eval digits as the run's own eval did; reruns keep an export, resumes add one beside it."""
 
 import hashlib
@@ -154,7 +154,7 @@ def test_rerun_keeps_the_export_and_a_resume_adds_one_beside_it(digits_run):
 
 
 def test_an_unfinished_export_is_removed_and_never_looks_like_a_version(digits_run, tmp_path):
-    from trainer import export
+    from trainer.outputs import export
 
     base = tmp_path / "export"
     (base / ".partial-7-123" / "variables").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Several machines, stood in for by processes on 127.0.0.1 with logical CPU devices (trainer.distributed).
+"""Several machines, stood in for by processes on 127.0.0.1 with logical CPU devices (trainer.system.distributed).
 
 The same weights for every layout of the same K micro-batches, after a kill of the whole job and after a
 preemption; a dead worker ends the chief with a message naming it; workers leave with the chief's outcome.

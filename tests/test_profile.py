@@ -5,7 +5,7 @@ import glob
 
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from trainer.run import train
+from trainer.loop.run import train
 
 
 def _step_markers(path: str) -> list[int]:

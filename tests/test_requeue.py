@@ -9,8 +9,8 @@ import pytest
 
 from launch import requeue
 from launch.cluster import SlurmJob, slurm_job
-from trainer import stop as stop_lib
-from trainer.run import train
+from trainer.loop.run import train
+from trainer.system import stop as stop_lib
 
 JOB = SlurmJob("101")
 

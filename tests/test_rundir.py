@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from trainer import rundir
-from trainer.run import train
+from trainer.loop.run import train
+from trainer.outputs import rundir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +34,7 @@ def test_a_killed_holder_does_not_block(make_config, tmp_path):
         [
             sys.executable,
             "-c",
-            f"from trainer import rundir; rundir.RunLock({str(tmp_path / 'run')!r}).__enter__(); "
+            f"from trainer.outputs import rundir; rundir.RunLock({str(tmp_path / 'run')!r}).__enter__(); "
             "import time; time.sleep(600)",
         ],
         cwd=ROOT,

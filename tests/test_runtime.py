@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trainer import config as cfg
-from trainer import runtime
+from trainer.settings import config as cfg
+from trainer.system import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = ("--device=cpu", "--train_steps=20", "--noexport", "--eval_every_steps=0", "--log_every_steps=10")

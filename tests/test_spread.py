@@ -8,10 +8,12 @@ import sys
 import keras
 import tensorflow as tf
 
-from trainer import devices, report, spread, traffic
-from trainer.inputs import PlacedIterator
-from trainer.run import build, train
-from trainer.sync import SyncUpdate
+from trainer.loop.inputs import PlacedIterator
+from trainer.loop.run import build, train
+from trainer.outputs import report
+from trainer.step import spread, traffic
+from trainer.step.sync import SyncUpdate
+from trainer.system import devices
 
 STEPS = 6
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +90,7 @@ import json, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
 import keras, models
-from trainer import spread
+from trainer.step import spread
 towers = tuple(f"/device:CPU:{i}" for i in range(4))
 build = lambda: models.build_model("resnet20", (32, 32, 3), 10)
 model = spread.build_spread(build, towers, reseed=lambda: keras.utils.set_random_seed(0))

@@ -6,10 +6,11 @@ import pytest
 import tensorflow as tf
 
 import models
-from trainer import determinism, devices, optim
-from trainer.config import OptimizerConfig, TowerConfig
-from trainer.inputs import PlacedIterator
-from trainer.sync import SyncUpdate
+from trainer.loop.inputs import PlacedIterator
+from trainer.settings.config import OptimizerConfig, TowerConfig
+from trainer.step import optim
+from trainer.step.sync import SyncUpdate
+from trainer.system import determinism, devices
 
 
 def _model_and_batch(name, seed=0):

@@ -13,10 +13,10 @@ import time
 import pytest
 import tensorflow as tf
 
-from trainer import run as run_lib
-from trainer import stop as stop_lib
-from trainer.checkpoint import Checkpointer
-from trainer.evaluate import Evaluator
+from trainer.loop.controller import run as run_lib
+from trainer.loop.evaluate import Evaluator
+from trainer.outputs.checkpoint import Checkpointer
+from trainer.system import stop as stop_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

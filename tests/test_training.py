@@ -9,8 +9,8 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 import data
-from trainer import rundir
-from trainer.run import train
+from trainer.loop.run import train
+from trainer.outputs import rundir
 
 
 def _events(directory) -> event_accumulator.EventAccumulator:

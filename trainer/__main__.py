@@ -2,9 +2,9 @@
 
 Stop signals are handled from the first line (before TensorFlow is imported, which takes seconds), and flags
 are validated before that import too, so bad input fails at once; so is TensorFlow's environment set (GPUs
-hidden with --device=cpu, its C++ logging quiet unless -v/--verbosity: `trainer.console`). Before absl parses
+hidden with --device=cpu, its C++ logging quiet unless -v/--verbosity: `trainer.system.console`). Before absl parses
 the command line, `trainer.cli` answers --help and puts command-line flags after any --flagfile's, so they
-win. Exit codes: `trainer.stop`.
+win. Exit codes: `trainer.system.stop`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from trainer import stop
+from trainer.system import stop
 
 stop.REQUEST.install()  # a SIGTERM while TensorFlow imports must still end the run cleanly
 
@@ -21,9 +21,10 @@ import dataclasses  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from launch import cluster  # noqa: E402
-from trainer import cli, console, runtime, versions  # noqa: E402
-from trainer import config as cfg  # noqa: E402
-from trainer import flags as tf_flags  # noqa: E402
+from trainer import cli  # noqa: E402
+from trainer.settings import config as cfg  # noqa: E402
+from trainer.settings import flags as tf_flags  # noqa: E402
+from trainer.system import console, runtime, versions  # noqa: E402
 
 tf_flags.define_flags()
 FLAGS = flags.FLAGS
@@ -57,7 +58,7 @@ def _main(argv: list[str]) -> int:
     config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
 
     with console.native_stderr_filtered(level):
-        from trainer import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
+        from trainer.system import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
     if tasks.num_tasks == 1:
         return _train(config, None)
@@ -80,9 +81,9 @@ def _train(config: cfg.RunConfig, tasks) -> int:
     """Trains as the only task or the chief; returns the exit code."""
     from data import DataError  # noqa: PLC0415
     from models import ModelError  # noqa: PLC0415
-    from trainer import distributed  # noqa: PLC0415
-    from trainer.checkpoint import CheckpointMismatch  # noqa: PLC0415
-    from trainer.run import train  # noqa: PLC0415
+    from trainer.loop.run import train  # noqa: PLC0415
+    from trainer.outputs.checkpoint import CheckpointMismatch  # noqa: PLC0415
+    from trainer.system import distributed  # noqa: PLC0415
 
     try:
         train(config, cluster=tasks)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import textwrap
 
-from trainer import stop
+from trainer.system import stop
 
 HELP_ARGS = ("-h", "--help", "-help", "-?", "--helpshort", "-helpshort")
 FULL_HELP_ARGS = ("--helpfull", "-helpfull")

@@ -16,11 +16,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainer import spread
-from trainer import towers as tw
-from trainer.devices import Placement
-from trainer.staleness import Gate, Stopped, TowerFailed
-from trainer.stop import Diverged
+from trainer.step import spread
+from trainer.step import towers as tw
+from trainer.step.staleness import Gate, Stopped, TowerFailed
+from trainer.system.devices import Placement
+from trainer.system.stop import Diverged
 
 
 class AsyncUpdate:
@@ -30,7 +30,7 @@ class AsyncUpdate:
     Args:
       model, optimizer, placement, global_step: as for `SyncUpdate`.
       iterators: one per tower, each yielding micro-batches of that tower's share of the input.
-      max_staleness: bound on staleness (see `trainer.staleness`); negative for none.
+      max_staleness: bound on staleness (see `trainer.step.staleness`); negative for none.
       clip_global_norm: clip each update's gradient to this global norm; 0 turns clipping off.
       jit_compile: XLA-compile each tower's forward and backward pass.
     """

@@ -3,7 +3,7 @@ TensorFlow runs, not what is trained.
 
 Each one has a moment after which TensorFlow ignores or refuses it: `environment` gives the variables read
 when TensorFlow is imported (`python -m trainer` sets them before its import); `apply` makes the tf.config
-calls that must come before TensorFlow initialises its devices (`trainer.run.build`, before
+calls that must come before TensorFlow initialises its devices (`trainer.loop.run.build`, before
 `devices.resolve`), and `apply_grappler` the graph-rewrite switches (after `determinism.configure`, which sets
 one of them). A setting already at its requested value is left alone, so a process whose devices are already
 up (tests, a second `train` call) runs; a change that has become impossible raises `ConfigError`.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from trainer.config import ConfigError, RuntimeConfig, grappler_options
+from trainer.settings.config import ConfigError, RuntimeConfig, grappler_options
 
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 AUTOTUNE_ENV = "TF_CUDNN_USE_AUTOTUNE"
@@ -94,7 +94,7 @@ def apply_grappler(config: RuntimeConfig) -> None:
 
 
 def configure_worker(config: RuntimeConfig, session_config) -> None:
-    """A worker task (`trainer.distributed.serve`) runs the chief's ops with its server's thread pools and GPU
+    """A worker task (`trainer.system.distributed.serve`) runs the chief's ops with its server's thread pools and GPU
     options: the same settings, written into its `ConfigProto` (0/False are the proto's defaults). Its
     environment variables are set by `python -m trainer` like the chief's. --gpu_memory_limit_mb is not
     passed on (not measured on several GPU machines)."""

@@ -2,7 +2,7 @@
 
 With one parameter device, that device receives every micro-batch's gradient of every variable and sends a
 copy of every variable to every other tower each step. Spread over the N towers, each device owns about 1/N
-of the model's bytes and moves about 2(N-1)/N x model bytes per step (`trainer.traffic` measures it).
+of the model's bytes and moves about 2(N-1)/N x model bytes per step (`trainer.step.traffic` measures it).
 
 The assignment is greedy by bytes in `model.variables` order: each variable goes to the device holding the
 fewest bytes so far, ties to the lowest index. It depends only on the variables' shapes and dtypes, so it is

@@ -18,8 +18,8 @@ import sys
 
 from launch import requeue as requeue_lib
 from launch.cluster import SlurmJob
-from trainer import report
-from trainer.stop import TIME_LIMIT_SIGNALS, StopRequested
+from trainer.outputs import report
+from trainer.system.stop import TIME_LIMIT_SIGNALS, StopRequested
 
 FILE_NAME = "attempts.json"
 TIME_LIMIT_REQUEUED = "requeued for the time limit"

@@ -65,7 +65,7 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     eval_batch_size: int = 0  # 0: the global batch size
     max_bad_records: int = 0  # corrupt training records (bad CRC, truncated file) skipped before failing
-    augment: str = "auto"  # auto: by model family (trainer/data_settings.py AUTO_AUGMENT)
+    augment: str = "auto"  # auto: by model family (trainer/settings/preprocess.py AUTO_AUGMENT)
     normalize: str = "none"  # none, imagenet, or MEAN,...,STD,... (see `normalization`)
     cache: str = "auto"  # auto: decoded training images in memory when below data.AUTO_CACHE_BYTES
 
@@ -129,14 +129,14 @@ class LoopConfig:
     export: bool = True
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
     max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
-    allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/rundir.py)
+    allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/outputs/rundir.py)
     cluster_timeout_sec: float = 300.0  # several tasks: how long chief and workers wait for each other
-    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.calls); 0: auto
+    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.calls); 0: auto
 
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    """How TensorFlow runs (threads, memory, kernels, graph rewrites): not what is trained (`trainer.runtime`)."""
+    """How TensorFlow runs (threads, memory, kernels, graph rewrites): not what is trained (trainer.system.runtime)."""
 
     onednn: str = "auto"  # TF_ENABLE_ONEDNN_OPTS, read when TensorFlow is imported
     inter_op_threads: int = 0  # 0: TensorFlow's default

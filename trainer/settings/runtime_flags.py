@@ -1,5 +1,5 @@
 """The `runtime` flag group of `python -m trainer`: how TensorFlow runs (threads, GPU memory, oneDNN, cuDNN
-autotuning, Grappler passes), not what is trained. Applied by `trainer.runtime`; no TensorFlow import here,
+autotuning, Grappler passes), not what is trained. Applied by `trainer.system.runtime`; no TensorFlow import here,
 so bad values fail before it loads.
 """
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from absl import flags
 
-from trainer import config as cfg
+from trainer.settings import config as cfg
 
 
 def define() -> None:
-    """Defines the runtime flags on absl's global FLAGS (`trainer.flags` groups them under `runtime`)."""
+    """Defines the runtime flags on absl's global FLAGS (`trainer.settings.flags` groups them under `runtime`)."""
     flags.DEFINE_enum(
         "onednn",
         "auto",

@@ -1,5 +1,5 @@
 """What --augment, --normalize and --cache resolve to for a run, in one place for the pipeline, the banner,
-metrics.json and the resume check (`trainer.rundir`).
+metrics.json and the resume check (`trainer.outputs.rundir`).
 
 `--augment=auto` means a different augmentation per model family, and `--normalize` has several spellings of
 one normalization, so the literal flag values say neither what a run trained on nor whether two runs trained
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from data.schema import Preprocess
-from trainer.config import IMAGENET_MEAN, IMAGENET_STD, normalization
+from trainer.settings.config import IMAGENET_MEAN, IMAGENET_STD, normalization
 
 # --augment=auto by model family: the CIFAR recipe for resnet20, the ImageNet one for resnet50. Everything else
 # (mlp and cnn on the digits, whose flipped 2s and 5s are other digits; a module:function model) gets none.
@@ -48,7 +48,7 @@ def normalize_text(text: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """What training reads, resolved (`trainer.inputs.data_settings` decides it from the flags and records).
+    """What training reads, resolved (`trainer.loop.inputs.data_settings` decides it from the flags and records).
 
     Attributes:
       preprocess: what the pipeline does to each image (augment; normalization per channel).

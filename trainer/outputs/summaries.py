@@ -9,7 +9,7 @@ Where things go, and why (read off TensorBoard 2.21's plugins):
 - `model_dir` itself: the hparams session and experiment, and the custom-scalars layout. The hparams plugin
   finds a session's metric (group, tag) in the run `<session run>/<group>`, so with the session in
   `model_dir`, `eval/accuracy` is the eval run's `accuracy`. This makes `model_dir` a run too, which is why
-  checkpoints live in `model_dir/checkpoints/` (`trainer.checkpoint_files`).
+  checkpoints live in `model_dir/checkpoints/` (`trainer.outputs.checkpoint_files`).
 - The experiment (the HParams table's columns) is the same in every run: TensorBoard shows the one of an
   arbitrary run, so it lists every setting any run may record; a run records only those that apply to it.
 """
@@ -28,7 +28,7 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from trainer import config as cfg
+from trainer.settings import config as cfg
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
 # Records a run writes anew at every start; a resume drops the old ones.

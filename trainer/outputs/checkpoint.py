@@ -1,6 +1,6 @@
 """Checkpoints: model, optimizer, global step and the input positions, through `tf.train.CheckpointManager`.
 
-Saving each input stream's position (`trainer.inputs.PlacedIterator`) means a resumed run reads exactly the
+Saving each input stream's position (`trainer.loop.inputs.PlacedIterator`) means a resumed run reads exactly the
 batches the uninterrupted run would have read, which the determinism contract needs.
 
 A week-long run meets nodes killed mid-save and files that rot, so a resume takes the newest checkpoint that
@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from trainer import checkpoint_files as files
+from trainer.outputs import checkpoint_files as files
 
 
 class CheckpointMismatch(RuntimeError):
@@ -28,7 +28,7 @@ class Checkpointer:
 
     Args:
       model_dir: directory of the run; checkpoints are `model_dir/checkpoints/ckpt-<step>` (see
-        `trainer.checkpoint_files` for why not in `model_dir` itself).
+        `trainer.outputs.checkpoint_files` for why not in `model_dir` itself).
       keep: how many of the newest checkpoints to keep.
       step: the global step variable; checkpoints are numbered by it.
       log: callable taking one line of text: what a resume skipped, repaired or removed.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.config import OptimizerConfig
+from trainer.settings.config import OptimizerConfig
 
 
 def make_schedule(config: OptimizerConfig, train_steps: int) -> keras.optimizers.schedules.LearningRateSchedule:

@@ -1,7 +1,7 @@
 """Synchronous updates: one `tf.function` per global step, towers run concurrently inside it.
 
 The global batch is K micro-batches, micro-batch j read from input stream j on the CPU of its tower's task
-(`trainer.inputs`); micro-batch j runs on tower j*N//K. The
+(`trainer.loop.inputs`); micro-batch j runs on tower j*N//K. The
 parameter device sums the K results in micro-batch order, divides by K, clips, and applies one optimizer
 update. With `--deterministic` the result is bitwise the same for every N that divides K.
 """
@@ -12,11 +12,11 @@ import time
 
 import tensorflow as tf
 
-from trainer import spread
-from trainer import towers as tw
-from trainer.calls import CallSize
-from trainer.devices import Placement, tower_of_micro_batch
-from trainer.stop import Diverged
+from trainer.step import spread
+from trainer.step import towers as tw
+from trainer.step.calls import CallSize
+from trainer.system.devices import Placement, tower_of_micro_batch
+from trainer.system.stop import Diverged
 
 
 def _now():
@@ -30,15 +30,15 @@ class SyncUpdate:
 
     Args:
       model: Keras model (logits out) whose variables live on `placement.parameter_device` or, spread, each
-        on its owner (`trainer.spread`).
+        on its owner (`trainer.step.spread`).
       optimizer: built Keras optimizer (slots on the parameter device).
       placement: tower and parameter devices.
       num_micro_batches: K; a multiple of the number of towers.
       global_step: int64 `tf.Variable` on the parameter device; +1 per update.
-      iterators: K `trainer.inputs.PlacedIterator`s; iterator j yields micro-batch j of every step.
+      iterators: K `trainer.loop.inputs.PlacedIterator`s; iterator j yields micro-batch j of every step.
       clip_global_norm: clip the averaged gradient to this global norm; 0 turns clipping off.
       jit_compile: XLA-compile each tower's forward and backward pass.
-      steps_per_call: steps per `tf.function` call (`trainer.calls.CallSize`); 0: as many as take ~0.5 s.
+      steps_per_call: steps per `tf.function` call (`trainer.step.calls.CallSize`); 0: as many as take ~0.5 s.
       profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
@@ -111,7 +111,7 @@ class SyncUpdate:
         return {"steps": steps, **traced, **metrics}
 
     def interrupt(self) -> None:
-        """Ends the call in progress after its current step (thread-safe; `trainer.stop` calls it from its
+        """Ends the call in progress after its current step (thread-safe; `trainer.system.stop` calls it from its
         watcher thread when a stop signal arrives, while Python handlers wait for the call to return)."""
         self._interrupted.assign(True)
 

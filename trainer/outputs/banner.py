@@ -8,8 +8,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from trainer.config import RunConfig
-from trainer.progress import format_duration
+from trainer.outputs.progress import format_duration
+from trainer.settings.config import RunConfig
 
 
 def start_lines(config: RunConfig, state) -> list[str]:

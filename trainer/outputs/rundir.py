@@ -16,9 +16,9 @@ import json
 import os
 import socket
 
-from trainer import checkpoint_files, report
-from trainer.config import ConfigError, RunConfig, flatten
-from trainer.data_settings import normalize_text, resolve_augment
+from trainer.outputs import checkpoint_files, report
+from trainer.settings.config import ConfigError, RunConfig, flatten
+from trainer.settings.preprocess import normalize_text, resolve_augment
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"

@@ -10,7 +10,8 @@ import os
 
 import numpy as np
 
-from trainer import runtime, spread, versions
+from trainer.step import spread
+from trainer.system import runtime, versions
 
 
 def weights_sha256(variables) -> str:
@@ -70,8 +71,8 @@ def _plain(value):
 
 def final_metrics(config, state, results: dict, examples_per_sec: float | None, attempts: list) -> dict:
     """metrics.json: the loop's final `results`, what was trained on what (towers, placement, data settings,
-    versions, runtime) and the weights hash, from `state` (a `trainer.run.Trainer`). `examples_per_sec` and
-    `attempts` cover every attempt of the run (`trainer.attempts.AttemptLog`)."""
+    versions, runtime) and the weights hash, from `state` (a `trainer.loop.run.Trainer`). `examples_per_sec` and
+    `attempts` cover every attempt of the run (`trainer.outputs.attempts.AttemptLog`)."""
     t = config.towers
     metrics = {
         "global_step": results["global_step"],

@@ -5,7 +5,7 @@ every stream) and yields micro-batch j of every step. What micro-batch j holds t
 the number of towers nor the number of machines, and each stream is read on the CPU of the task whose tower
 runs micro-batch j, so the global batch never crosses the network. Async mode reads one stream per tower.
 
-Eval reads on the chief and splits each batch across every tower (`trainer.evaluate`).
+Eval reads on the chief and splits each batch across every tower (`trainer.loop.evaluate`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import functools
 import tensorflow as tf
 
 import data
-from trainer.config import ConfigError, DataConfig, RunConfig, normalization
-from trainer.data_settings import DataSettings, format_bytes, normalize_text, resolve_augment
-from trainer.devices import Placement, tower_of_micro_batch
+from trainer.settings.config import ConfigError, DataConfig, RunConfig, normalization
+from trainer.settings.preprocess import DataSettings, format_bytes, normalize_text, resolve_augment
+from trainer.system.devices import Placement, tower_of_micro_batch
 
 
 @dataclasses.dataclass(frozen=True)

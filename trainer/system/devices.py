@@ -4,7 +4,7 @@ A tower is a device string. GPU towers are `/device:GPU:i`; CPU towers are logic
 `/device:CPU:i` made with `tf.config.set_logical_device_configuration`. Both kinds go through the same code,
 so what the tests run on logical CPUs is what runs on GPUs.
 
-With several tasks (machines, see `trainer.distributed`) every task has the same `--num_gpus` devices and
+With several tasks (machines, see `trainer.system.distributed`) every task has the same `--num_gpus` devices and
 the towers are `/job:worker/replica:0/task:T/device:GPU:G`, task-major: tower T*G+g. The variables stay on
 the chief (task 0); each tower's input is read on its own task's CPU.
 """
@@ -15,7 +15,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from trainer.config import ConfigError, TowerConfig
+from trainer.settings.config import ConfigError, TowerConfig
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -27,7 +27,7 @@ class Placement:
     towers: tuple[str, ...]  # one device string per tower
     parameter_device: str  # the variables and optimizer slots (spread: the step, learning rate, loss sums)
     host: str = HOST_DEVICE  # the chief's CPU: eval input, host-side bookkeeping
-    spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (trainer.spread)
+    spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (trainer.step.spread)
     tower_hosts: tuple[str, ...] = ()  # the CPU of each tower's task, where its input is read; () = `host`
     num_tasks: int = 1
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer import towers as tw
-from trainer.devices import Placement
+from trainer.step import towers as tw
+from trainer.system.devices import Placement
 
 
 class Evaluator:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from trainer import config as cfg
-from trainer import runtime_flags
+from trainer.settings import config as cfg
+from trainer.settings import runtime_flags
 
 GROUP_FLAGS: dict[str, tuple[str, ...]] = {}  # `--help` heading -> names of its flags, filled by define_flags
 

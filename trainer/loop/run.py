@@ -18,20 +18,22 @@ import tensorflow as tf
 import data
 import models
 from launch import cluster as cluster_lib
-from trainer import attempts as attempts_lib
-from trainer import banner, determinism, devices, distributed, optim, report, rundir, runtime, spread, towers
-from trainer import stop as stop_lib
-from trainer.asynchronous import AsyncUpdate
-from trainer.checkpoint import Checkpointer
-from trainer.config import RunConfig, validate
-from trainer.data_settings import DataSettings
-from trainer.evaluate import Evaluator
-from trainer.export import export_saved_model
-from trainer.inputs import Inputs, data_settings, eval_dataset_fn, resolve_inputs, train_iterators
-from trainer.loop import Loop
-from trainer.staleness import TowerFailed
-from trainer.summaries import Summaries, purge_events, variable_tags
-from trainer.sync import SyncUpdate
+from trainer.loop.controller import Loop
+from trainer.loop.evaluate import Evaluator
+from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_inputs, train_iterators
+from trainer.outputs import attempts as attempts_lib
+from trainer.outputs import banner, report, rundir
+from trainer.outputs.checkpoint import Checkpointer
+from trainer.outputs.export import export_saved_model
+from trainer.outputs.summaries import Summaries, purge_events, variable_tags
+from trainer.settings.config import RunConfig, validate
+from trainer.settings.preprocess import DataSettings
+from trainer.step import optim, spread, towers
+from trainer.step.asynchronous import AsyncUpdate
+from trainer.step.staleness import TowerFailed
+from trainer.step.sync import SyncUpdate
+from trainer.system import determinism, devices, distributed, runtime
+from trainer.system import stop as stop_lib
 
 log = logging.getLogger("towerflow")
 
@@ -40,17 +42,17 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
     """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`.
 
     Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) are honoured after the current step: the run
-    checkpoints and raises `trainer.stop.StopRequested`; after a time-limit warning under Slurm it has
-    also requeued its job (`trainer.attempts.after_stop`).
+    checkpoints and raises `trainer.system.stop.StopRequested`; after a time-limit warning under Slurm it has
+    also requeued its job (`trainer.outputs.attempts.after_stop`).
 
     Args:
       config: the run.
-      stop: the stop request to honour (the process-wide `trainer.stop.REQUEST` by default).
+      stop: the stop request to honour (the process-wide `trainer.system.stop.REQUEST` by default).
       cluster: a `launch.cluster.Cluster` of several tasks whose chief this process is, already connected
-        (`trainer.distributed.connect`); None: this machine alone. `config.towers.num_tasks` is its size.
+        (`trainer.system.distributed.connect`); None: this machine alone. `config.towers.num_tasks` is its size.
 
     Raises:
-      trainer.distributed.WorkerLost: a worker task died or never started; the message names it.
+      trainer.system.distributed.WorkerLost: a worker task died or never started; the message names it.
     """
     stop = stop or stop_lib.REQUEST
     validate(config)
@@ -268,7 +270,7 @@ def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inpu
 
 def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, inputs: Inputs):
     """Model, optimizer (slots built) and global step on the parameter device; with `spread_over`, each
-    model variable and its slots on its owner (`trainer.spread`), the step and learning rate on the first
+    model variable and its slots on its owner (`trainer.step.spread`), the step and learning rate on the first
     tower's device."""
     _set_precision(config.towers.mixed_precision)
     with tf.device(placement.parameter_device):

@@ -2,7 +2,7 @@
 
 Every task of the job runs `python -m trainer` with the same flags. Task 0, the chief, connects to the cluster
 (`tf.config.experimental_connect_to_cluster`) and runs the loop with towers on every task's devices
-(`trainer.devices`); it alone writes to `--model_dir`. Every other task serves its devices with a
+(`trainer.system.devices`); it alone writes to `--model_dir`. Every other task serves its devices with a
 `tf.distribute.Server` (`serve`) until the chief tells it the run's exit code, which it exits with too: 0 when
 training finished, 75 when it stopped to be resumed. The chief tells every worker with a TensorFlow op run on
 that worker's CPU, writing a small status file on the worker's own disk (`status_path`): no shared file
@@ -26,9 +26,9 @@ import time
 import tensorflow as tf
 
 from launch.cluster import Cluster
-from trainer import determinism, devices, runtime
-from trainer import stop as stop_lib
-from trainer.config import RunConfig
+from trainer.settings.config import RunConfig
+from trainer.system import determinism, devices, runtime
+from trainer.system import stop as stop_lib
 
 PROBE_EVERY_SEC = 2.0
 LOST_AFTER_SEC = 20.0  # a worker unreachable this long ends the run

@@ -20,8 +20,8 @@ import keras
 import tensorflow as tf
 
 import data
-from trainer.config import RunConfig
-from trainer.inputs import Inputs
+from trainer.loop.inputs import Inputs
+from trainer.settings.config import RunConfig
 
 SERVING_FILE = os.path.join("assets.extra", "towerflow_serving.json")
 OUTPUT_NAMES = ("logits", "probabilities", "classes")

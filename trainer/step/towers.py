@@ -163,7 +163,7 @@ def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_sca
 
     A non-finite loss or gradient is never applied (without fp16 loss scaling, whose optimizer skips such
     updates and lowers the scale by itself): the variables and the step stay as they were and `finite` says
-    so, for the caller to stop the run (`trainer.stop.Diverged`).
+    so, for the caller to stop the run (`trainer.system.stop.Diverged`).
 
     Args:
       loss: the loss the gradients are of.

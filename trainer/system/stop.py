@@ -123,7 +123,7 @@ class StopRequest:
         thread is inside a TensorFlow call.
 
         Python runs signal handlers in the main thread between bytecodes, so a handler waits until the
-        TensorFlow call in progress returns: with several steps per call (`trainer.sync`), that could be
+        TensorFlow call in progress returns: with several steps per call (`trainer.step.sync`), that could be
         many steps. The C-level handler, though, writes the signal number to the wakeup fd at once; a thread
         reading it calls `callback` (e.g. setting a flag the in-graph loop checks before every step).
         `handle` also writes there, for stops recorded without a signal. Outside the main thread, where no

@@ -15,9 +15,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainer import progress as progress_lib
-from trainer import stop as stop_lib
-from trainer.config import LoopConfig
+from trainer.outputs import progress as progress_lib
+from trainer.settings.config import LoopConfig
+from trainer.system import stop as stop_lib
 
 
 def is_time(step: int, every_steps: int) -> bool:
@@ -68,17 +68,17 @@ class Loop:
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.
-      summaries: `trainer.summaries.Summaries`.
+      summaries: `trainer.outputs.summaries.Summaries`.
       histogram_variables / histogram_tags: what the gradient histograms are of.
       log: callable taking one line of text.
-      stop: the stop request the loop honours after every step (`trainer.stop.REQUEST` by default).
+      stop: the stop request the loop honours after every step (`trainer.system.stop.REQUEST` by default).
       on_checkpoint: called with the step after every checkpoint save (e.g. to record the attempt).
-      before_save: called with the step before every save; raises (e.g. `trainer.stop.Diverged`) to prevent it.
+      before_save: called with the step before every save; raises (e.g. `trainer.system.stop.Diverged`) to prevent it.
       extra_scalars: returns more train scalars to log at every log step (e.g. the bad-record count).
-      live_progress: draw a live progress line on stdout (`trainer.progress`); None: when it is a terminal.
+      live_progress: draw a live progress line on stdout (`trainer.outputs.progress`); None: when it is a terminal.
 
     The first window of every start is one step long and logged, so the console shows the first step (and
-    how long its graph tracing took) at once; train scalars are defined in `trainer.progress`.
+    how long its graph tracing took) at once; train scalars are defined in `trainer.outputs.progress`.
     """
 
     def __init__(
