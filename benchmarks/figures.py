@@ -6,6 +6,7 @@ Targets are those agreed for `--quick` on a 2-core machine; figures without a ta
 from __future__ import annotations
 
 from benchmarks.plan import Figure, Setting, Side, Size
+from trainer.settings.preprocess import resolve_augment
 
 TOWERFLOW = Side("towerflow")
 # Shown for `--only` and in the table; the figure names are the API of this package (JSON keys, tests).
@@ -37,15 +38,14 @@ HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tfrecor
 # How TensorFlow runs on this machine, not how towerflow's code performs: they do not move when towerflow
 # changes, so --quick (run after changes) leaves them out unless --only names them (or their group).
 RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
-# --augment=auto of each setting's model (trainer.settings.preprocess.AUTO_AUGMENT; the parent imports no TensorFlow, a
-# test checks they agree). The digits models get none there (a flipped 2 is no 2); here flip, the cheapest
-# kind: its cost next to a 20 ms step, not a recommendation.
-AUTO_AUGMENT = {"resnet20": "crop_flip", "resnet50": "imagenet"}
 
 
 def augment_kind(setting: Setting) -> str:
-    """The augmentation `augment_vs_none` times on `setting`."""
-    return AUTO_AUGMENT.get(setting.model, "flip")
+    """The augmentation `augment_vs_none` times on `setting`: --augment=auto's for its model (the trainer's own
+    rule, which imports no TensorFlow). The digits models get none there (a flipped 2 is no 2); here flip, the
+    cheapest kind: its cost next to a 20 ms step, not a recommendation."""
+    auto = resolve_augment("auto", setting.model, dense=False)
+    return "flip" if auto == "none" else auto
 
 
 def runtime_figures(setting: Setting) -> list[Figure]:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
     from data.integrity import BadRecords
+    from data.parse import normalizer, serving_images
     from data.reader import decode_share, inspect_records, list_files, make_dataset
     from data.writer import write_dense_records, write_image_records
 
@@ -33,6 +34,8 @@ _LAZY = {
     "write_image_records": "data.writer",
     "write_dense_records": "data.writer",
     "ensure_digits": "data.digits",
+    "normalizer": "data.parse",
+    "serving_images": "data.parse",
 }
 
 __all__ = [
@@ -52,6 +55,8 @@ __all__ = [
     "inspect_records",
     "list_files",
     "make_dataset",
+    "normalizer",
+    "serving_images",
     "write_dense_records",
     "write_image_records",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
@@ -100,6 +101,22 @@ def raw_image_parser(info: RecordInfo, num_classes: int | None):
         return pixels.flat_values, shapes, labels
 
     return parse_raw
+
+
+def serving_images(info: RecordInfo, preprocess: Preprocess):
+    """`images(encoded [B] string) -> float32 [B, H, W, C]`: each image as eval's `batch_parser` makes it from
+    the same bytes (decoded; eval's central crop under imagenet augmentation; resized bilinear to (H, W);
+    [0, 1]; normalized), but of any size: bilinear resizing to the same size is the identity (bitwise), so
+    resizing every image matches eval's records and lets clients send other sizes. For the serving export."""
+    schema = dataclasses.replace(info.schema, image_size=info.example_shape[:2])
+    images_of = _per_image(_image_loader(schema, info.example_shape, preprocess.augment, random=False), info)
+    finish = _finisher(preprocess, False, None)
+    return lambda encoded: finish(images_of, encoded, None)
+
+
+def normalizer(preprocess: Preprocess):
+    """`normalize(images in [0, 1]) -> images` as eval applies `preprocess`'s normalization (or none)."""
+    return augment_lib.normalizer(preprocess.mean, preprocess.std)
 
 
 def _is_random(preprocess: Preprocess, training: bool, stream_key) -> bool:

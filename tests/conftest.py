@@ -56,6 +56,8 @@ def make_config(tmp_path):
             seed=seed,
             deterministic=deterministic,
         )
+        if isinstance(groups.get("data", {}).get("normalize"), str):  # the flag's text, parsed as the flag is
+            groups["data"] = {**groups["data"], "normalize": cfg.Normalization.parse(groups["data"]["normalize"])}
         replaced = {name: dataclasses.replace(getattr(base, name), **values) for name, values in groups.items()}
         return dataclasses.replace(base, **replaced)
 

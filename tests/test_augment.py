@@ -12,9 +12,9 @@ from _data_helpers import _images
 
 import data
 from data import augment
-from trainer.loop.controller import inputs as inputs_lib
+from trainer.loop import inputs as inputs_lib
 from trainer.settings import config as cfg
-from trainer.settings import preprocess as data_settings
+from trainer.settings.resolve import resolve
 
 
 def _smooth_images(n: int, height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -206,17 +206,17 @@ def test_cache_refuses_images_of_several_sizes_without_image_size(tmp_path):
 
 
 def test_normalization_values():
-    assert cfg.normalization("none") is None
-    assert cfg.normalization("imagenet") == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    assert cfg.normalization("0.5,0.25") == ((0.5,), (0.25,))
-    assert cfg.normalization("1,2,3,4,5,6") == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    assert not cfg.Normalization.parse("none") and cfg.Normalization.parse("none").text == "none"
+    assert cfg.Normalization.parse("imagenet") == cfg.Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert cfg.Normalization.parse("0.5,0.25") == cfg.Normalization((0.5,), (0.25,))
+    assert cfg.Normalization.parse("1,2,3,4,5,6") == cfg.Normalization((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
     for bad, match in [("0.5", "MEAN,STD"), ("a,b", "MEAN,STD"), ("0.5,0", "std must be positive"), ("", "MEAN")]:
         with pytest.raises(cfg.ConfigError, match=match):
-            cfg.normalization(bad)
+            cfg.Normalization.parse(bad)
     with pytest.raises(cfg.ConfigError, match="--augment"):
-        cfg.validate(cfg.RunConfig(data=cfg.DataConfig(augment="mixup")))
+        resolve(cfg.RunConfig(data=cfg.DataConfig(augment="mixup")))
     with pytest.raises(cfg.ConfigError, match="--cache"):
-        cfg.validate(cfg.RunConfig(data=cfg.DataConfig(cache="disk")))
+        resolve(cfg.RunConfig(data=cfg.DataConfig(cache="disk")))
 
 
 def _inputs(tmp_path, dense=False, channels=3):
@@ -235,27 +235,32 @@ def _inputs(tmp_path, dense=False, channels=3):
 )
 def test_auto_augment_by_model(tmp_path, model, expected):
     config = cfg.RunConfig(model=cfg.ModelConfig(model))
-    assert inputs_lib.preprocessing(config, _inputs(tmp_path)) == data.Preprocess(expected)
+    assert inputs_lib.preprocessing(resolve(config), _inputs(tmp_path)) == data.Preprocess(expected)
 
 
 def test_dense_records_are_not_augmented_or_normalized(tmp_path):
     inputs = _inputs(tmp_path, dense=True)
-    assert inputs_lib.preprocessing(cfg.RunConfig(model=cfg.ModelConfig("resnet20")), inputs) == data.Preprocess()
-    for flag in [{"augment": "flip"}, {"normalize": "0.5,0.2"}]:
+    assert (
+        inputs_lib.preprocessing(resolve(cfg.RunConfig(model=cfg.ModelConfig("resnet20"))), inputs) == data.Preprocess()
+    )
+    for flag in [{"augment": "flip"}, {"normalize": cfg.Normalization.parse("0.5,0.2")}]:
         config = cfg.RunConfig(data=cfg.DataConfig(**flag))
         with pytest.raises(cfg.ConfigError, match="dense records"):
-            inputs_lib.preprocessing(config, inputs)
+            inputs_lib.preprocessing(resolve(config), inputs)
     assert not inputs_lib.use_cache(cfg.DataConfig(cache="memory"), inputs)
 
 
 def test_normalize_values_per_channel(tmp_path):
     gray = _inputs(tmp_path, channels=1)
-    config = cfg.RunConfig(data=cfg.DataConfig(normalize="0.5,0.25"))
-    assert inputs_lib.preprocessing(config, gray) == data.Preprocess("none", (0.5,), (0.25,))
+    config = cfg.RunConfig(data=cfg.DataConfig(normalize=cfg.Normalization.parse("0.5,0.25")))
+    assert inputs_lib.preprocessing(resolve(config), gray) == data.Preprocess("none", (0.5,), (0.25,))
     rgb = _inputs(tmp_path / "rgb")
-    assert inputs_lib.preprocessing(config, rgb) == data.Preprocess("none", (0.5,) * 3, (0.25,) * 3)
+    assert inputs_lib.preprocessing(resolve(config), rgb) == data.Preprocess("none", (0.5,) * 3, (0.25,) * 3)
     with pytest.raises(cfg.ConfigError, match="the images have 1 channel"):
-        inputs_lib.preprocessing(dataclasses.replace(config, data=cfg.DataConfig(normalize="imagenet")), gray)
+        inputs_lib.preprocessing(
+            resolve(dataclasses.replace(config, data=cfg.DataConfig(normalize=cfg.Normalization.parse("imagenet")))),
+            gray,
+        )
 
 
 def test_auto_cache_below_the_bound(tmp_path, monkeypatch):
@@ -270,7 +275,7 @@ def test_auto_cache_below_the_bound(tmp_path, monkeypatch):
 
 def test_data_settings_resolve_auto_and_say_why(tmp_path, monkeypatch):
     inputs = _inputs(tmp_path)  # 4 RGB 8x8 images: 768 bytes decoded
-    settings = inputs_lib.data_settings(cfg.RunConfig(model=cfg.ModelConfig("resnet20")), inputs)
+    settings = inputs_lib.data_settings(resolve(cfg.RunConfig(model=cfg.ModelConfig("resnet20"))), inputs)
     assert (
         settings.describe("resnet20")
         == "crop_flip (auto for resnet20), normalize none, cache memory (auto: ~768 bytes decoded)"
@@ -281,23 +286,29 @@ def test_data_settings_resolve_auto_and_say_why(tmp_path, monkeypatch):
         "cache": "memory",
         "cache_decoded_bytes": 768,
     }
-    explicit = cfg.RunConfig(data=cfg.DataConfig(augment="flip", normalize="0.5,0.5,0.5,0.25,0.25,0.25", cache="none"))
-    settings = inputs_lib.data_settings(explicit, inputs)
+    explicit = cfg.RunConfig(
+        data=cfg.DataConfig(
+            augment="flip", normalize=cfg.Normalization.parse("0.5,0.5,0.5,0.25,0.25,0.25"), cache="none"
+        )
+    )
+    settings = inputs_lib.data_settings(resolve(explicit), inputs)
     assert settings.describe("cnn") == "flip, normalize 0.5,0.25, cache none"
     assert settings.preprocess == data.Preprocess("flip", (0.5,) * 3, (0.25,) * 3)
     monkeypatch.setattr(data, "AUTO_CACHE_BYTES", 100)
     assert (
-        inputs_lib.data_settings(cfg.RunConfig(), inputs)
+        inputs_lib.data_settings(resolve(cfg.RunConfig()), inputs)
         .describe("cnn")
         .endswith("cache none (auto: ~768 bytes decoded, over the 9.31323e-08 GiB bound)")
     )
-    dense = inputs_lib.data_settings(cfg.RunConfig(), _inputs(tmp_path / "dense", dense=True))
+    dense = inputs_lib.data_settings(resolve(cfg.RunConfig()), _inputs(tmp_path / "dense", dense=True))
     assert dense.describe("mlp") == "none (auto for mlp), normalize none, cache none (auto: dense records)"
 
 
-def test_normalize_text_is_one_spelling_per_normalization():
-    assert data_settings.normalize_text("none") == "none"
-    assert data_settings.normalize_text("0.485,0.456,0.406,0.229,0.224,0.225") == "imagenet"
-    assert data_settings.normalize_text("0.5,0.5,0.25,0.25") == data_settings.normalize_text("0.5,0.25") == "0.5,0.25"
-    assert data_settings.normalize_text("1,2,3,4,5,6") == "1.0,2.0,3.0,4.0,5.0,6.0"
-    assert data_settings.format_bytes(90226) == "~90 KB" and data_settings.format_bytes(3 << 30) == "~3.2 GB"
+def test_normalization_is_one_spelling_per_normalization():
+    def text(value):
+        return cfg.Normalization.parse(value).text
+
+    assert text("none") == "none"
+    assert text("0.485,0.456,0.406,0.229,0.224,0.225") == "imagenet"
+    assert text("0.5,0.5,0.25,0.25") == text("0.5,0.25") == "0.5,0.25"
+    assert text("1,2,3,4,5,6") == "1.0,2.0,3.0,4.0,5.0,6.0"

@@ -75,11 +75,8 @@ def test_runtime_options_are_part_of_the_session_key_and_the_worker_command():
 
 
 def test_augment_needs_tfrecord_input_and_matches_the_trainers_auto():
-    from trainer.settings import preprocess as data_settings
-
     with pytest.raises(ValueError, match="needs input='tfrecord'"):
         Side("towerflow", augment="flip")
-    assert figures.AUTO_AUGMENT == data_settings.AUTO_AUGMENT
     assert figures.augment_kind(SETTINGS["resnet20-synth"]) == "crop_flip"
     assert figures.augment_kind(SETTINGS["cnn-digits"]) == "flip"  # auto gives none: flip is timed as a cost
 

@@ -5,8 +5,10 @@ import subprocess
 import sys
 
 import pytest
+from trainer.step.modes import mode_for
 
 from trainer.settings import config as cfg
+from trainer.settings.resolve import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +50,8 @@ def _towers(**kw):
 )
 def test_validate_names_the_flag(config, message):
     with pytest.raises(cfg.ConfigError) as info:
-        cfg.validate(config)
+        resolve(config)
+        mode_for(config.towers.update_mode).check(config)
     assert message in str(info.value)
 
 

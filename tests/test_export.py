@@ -206,3 +206,21 @@ def test_dense_export_takes_float_features(tmp_path):
     assert report["accuracy"]["predict_float"] == _metrics(run)["eval_accuracy"]
     contract = json.loads((run / "export" / "30" / "assets.extra" / "towerflow_serving.json").read_text())
     assert (contract["schema"], contract["num_classes"]) == ("dense", 4)
+
+
+def test_export_applies_the_runs_normalization_as_eval_did(tmp_path):
+    """--normalize is in every signature (the same resolved preprocessing eval applies): the export of a run
+    trained on normalized pixels classifies the eval digits exactly as its eval did (it answered at chance,
+    0.09, when the export ignored --normalize)."""
+    run = tmp_path / "run"
+    _run(*DIGITS_FLAGS, "--normalize=0.5,0.1", f"--model_dir={run}")
+    metrics = _metrics(run)
+    assert metrics["normalize"] == "0.5,0.1" and metrics["eval_accuracy"] > 0.95
+    report = _client(run / "export" / "150")
+    classes = report["classes"]
+    assert classes["serving_default"] == classes["predict_uint8"] == classes["predict_float"]
+    assert report["accuracy"]["serving_default"] == metrics["eval_accuracy"]
+    contract = json.loads((run / "export" / "150" / "assets.extra" / "towerflow_serving.json").read_text())
+    assert contract["preprocessing"]["normalize"]["mean"] == [0.5]
+    assert contract["preprocessing"]["normalize"]["std"] == [0.1]
+    assert contract["preprocessing"]["eval_crop"] is False

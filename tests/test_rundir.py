@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from trainer.loop.run import train
 from trainer.outputs import rundir
+from trainer.settings.resolve import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -136,21 +137,23 @@ def test_a_run_from_before_augmentation_is_not_resumed_with_auto_augmentation(ma
     run = _old_run(make_config, tmp_path, "resnet20")
     resnet20 = make_config(model={"name": "resnet20"})
     with pytest.raises(rundir.RunDirError) as refused:
-        rundir.check_resume(resnet20, allow_changes=False)
+        rundir.check_resume(resolve(resnet20), allow_changes=False)
     message = str(refused.value)
     assert "(--augment: 'none' -> 'crop_flip' (auto for resnet20))" in message
     assert f"(--flagfile={run / 'flags.txt'} --augment=none)" in message and "--allow_flag_changes" in message
     none = make_config(model={"name": "resnet20"}, data={"augment": "none", "cache": "none"})  # cache: free
-    rundir.check_resume(none, allow_changes=False)
+    rundir.check_resume(resolve(none), allow_changes=False)
     assert json.loads((run / rundir.RUN_FILE).read_text())["data.augment"] == "none"  # resolved, not "auto"
 
 
 def test_a_run_from_before_augmentation_resumes_where_auto_means_none(make_config, tmp_path, capsys):
     run = _old_run(make_config, tmp_path, "cnn")
-    rundir.check_resume(make_config(), allow_changes=False)  # cnn: auto is none, as the old run did
+    rundir.check_resume(resolve(make_config()), allow_changes=False)  # cnn: auto is none, as the old run did
     with pytest.raises(rundir.RunDirError, match=r"\(--augment: 'none' -> 'flip'; --normalize: 'none' -> 'imagenet'\)"):
-        rundir.check_resume(make_config(data={"augment": "flip", "normalize": "imagenet"}), allow_changes=False)
-    rundir.check_resume(make_config(data={"augment": "flip"}), allow_changes=True)
+        rundir.check_resume(
+            resolve(make_config(data={"augment": "flip", "normalize": "imagenet"})), allow_changes=False
+        )
+    rundir.check_resume(resolve(make_config(data={"augment": "flip"})), allow_changes=True)
     assert "(--allow_flag_changes): --augment: 'none' -> 'flip'" in capsys.readouterr().out
     assert json.loads((run / rundir.RUN_FILE).read_text())["data.augment"] == "flip"
 
@@ -161,10 +164,10 @@ def test_augmentation_and_normalization_compare_as_resolved(make_config, tmp_pat
     _old_run(make_config, tmp_path, "resnet20", **{"data.augment": "auto", "data.normalize": "imagenet"})
     imagenet = "0.485,0.456,0.406,0.229,0.224,0.225"
     same = make_config(model={"name": "resnet20"}, data={"augment": "crop_flip", "normalize": imagenet})
-    rundir.check_resume(same, allow_changes=False)
+    rundir.check_resume(resolve(same), allow_changes=False)
     other = make_config(model={"name": "resnet20"}, data={"normalize": "0.5,0.5,0.5,0.25,0.25,0.25"})
     with pytest.raises(rundir.RunDirError, match=r"\(--normalize: 'imagenet' -> '0.5,0.25'\).*--normalize=imagenet\)"):
-        rundir.check_resume(other, allow_changes=False)
+        rundir.check_resume(resolve(other), allow_changes=False)
 
 
 def test_cli_refuses_auto_augmentation_on_a_run_from_before_it(tmp_path):

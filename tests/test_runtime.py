@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from trainer.settings import config as cfg
+from trainer.settings.resolve import resolve
 from trainer.system import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +86,7 @@ def test_refused_before_tensorflow_starts(tmp_path, args, message):
 def test_config_refuses(runtime_config, deterministic, message):
     config = cfg.RunConfig(towers=cfg.TowerConfig(device="gpu"), runtime=runtime_config, deterministic=deterministic)
     with pytest.raises(cfg.ConfigError) as e:
-        cfg.validate(config)
+        resolve(config)
     assert message in str(e.value)
 
 

@@ -1,4 +1,5 @@
-"""`python -m trainer`: flags -> RunConfig -> train. The only place that reads absl FLAGS.
+"""`python -m trainer`: flags -> RunConfig (`trainer.settings`: the table, then `resolve`) -> train. The only
+place that reads absl FLAGS.
 
 Stop signals are handled from the first line (before TensorFlow is imported, which takes seconds), and flags
 are validated before that import too, so bad input fails at once; so is TensorFlow's environment set (GPUs
@@ -24,6 +25,8 @@ from launch import cluster  # noqa: E402
 from trainer import cli  # noqa: E402
 from trainer.settings import config as cfg  # noqa: E402
 from trainer.settings import flags as tf_flags  # noqa: E402
+from trainer.settings.resolve import resolve  # noqa: E402
+from trainer.step.modes import mode_for  # noqa: E402
 from trainer.system import console, runtime, versions  # noqa: E402
 
 tf_flags.define_flags()
@@ -42,10 +45,9 @@ def _main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags take the form --name=value)")
     try:
         config = tf_flags.config_from_flags(FLAGS)
-        tasks = cluster.resolve_cluster(os.environ, FLAGS.cluster_port)
-        config = cfg.validate(
-            dataclasses.replace(config, towers=dataclasses.replace(config.towers, num_tasks=tasks.num_tasks))
-        )
+        tasks = cluster.resolve_cluster(os.environ, config.cluster.port)
+        config = resolve(config, num_tasks=tasks.num_tasks)
+        mode_for(config.towers.update_mode).check(config)
     except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
@@ -55,7 +57,7 @@ def _main(argv: list[str]) -> int:
     level = console.prepare_tensorflow(config.towers.device, verbosity)
     os.environ.update(runtime.environment(config.runtime, config.deterministic))  # read by TensorFlow's import
     header = versions.flagfile_header(versions.devices_summary(config.towers))
-    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS, tf_flags.__name__))
+    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS))
 
     with console.native_stderr_filtered(level):
         from trainer.system import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
@@ -63,9 +65,9 @@ def _main(argv: list[str]) -> int:
     if tasks.num_tasks == 1:
         return _train(config, None)
     if not tasks.is_chief:
-        return distributed.serve(tasks, config, config.loop.cluster_timeout_sec, stop.REQUEST)
+        return distributed.serve(tasks, config, config.cluster.timeout_sec, stop.REQUEST)
     try:  # first, so that whatever fails next, the workers hear of it
-        distributed.connect(tasks, config, config.loop.cluster_timeout_sec)
+        distributed.connect(tasks, config, config.cluster.timeout_sec)
     except distributed.WorkerLost as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_FAILED

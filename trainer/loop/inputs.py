@@ -16,8 +16,8 @@ import functools
 import tensorflow as tf
 
 import data
-from trainer.settings.config import ConfigError, DataConfig, RunConfig, normalization
-from trainer.settings.preprocess import DataSettings, format_bytes, normalize_text, resolve_augment
+from trainer.settings.config import ConfigError, DataConfig, RunConfig
+from trainer.settings.preprocess import DataSettings, format_bytes
 from trainer.system.devices import Placement, tower_of_micro_batch
 
 
@@ -61,32 +61,24 @@ def _schema(config: DataConfig):
 
 
 def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
-    """--augment (auto resolved for the model and records) and --normalize, checked against the records.
+    """The resolved --augment and the --normalize of `config`, checked against the records.
 
     Raises:
       ConfigError: augmentation or normalization asked of dense records, or normalization values for
         another number of channels than the images have.
     """
-    d = config.data
-    dense = isinstance(inputs.train.schema, data.DenseSchema)
-    augment = resolve_augment(d.augment, config.model.name, dense)
-    norm = normalization(d.normalize)
-    if dense and (augment != "none" or norm is not None):
-        flag = f"--augment={augment}" if augment != "none" else f"--normalize={d.normalize}"
-        raise ConfigError(
-            f"{flag} applies to images, but --train_data holds dense records (a float vector per example); "
-            "pass --augment=none --normalize=none, or normalize the vectors when writing them"
-        )
-    if norm is None:
+    augment, norm = config.data.augment, config.data.normalize
+    if isinstance(inputs.train.schema, data.DenseSchema):
+        if augment != "none" or norm:
+            flag = f"--augment={augment}" if augment != "none" else f"--normalize={norm.text}"
+            raise ConfigError(
+                f"{flag} applies to images, but --train_data holds dense records (a float vector per example); "
+                "pass --augment=none --normalize=none, or normalize the vectors when writing them"
+            )
         return data.Preprocess(augment)
-    channels = inputs.train.example_shape[-1]
-    mean, std = norm
-    if len(mean) not in (1, channels):
-        raise ConfigError(
-            f"--normalize={d.normalize} gives {len(mean)} means and stds, but the images have {channels} "
-            "channel(s): give one per channel, or one for all"
-        )
-    return data.Preprocess(augment, mean * (channels // len(mean)), std * (channels // len(std)))
+    if not norm:
+        return data.Preprocess(augment)
+    return data.Preprocess(augment, *norm.per_channel(inputs.train.example_shape[-1]))
 
 
 def use_cache(config: DataConfig, inputs: Inputs) -> bool:
@@ -115,8 +107,8 @@ def data_settings(config: RunConfig, inputs: Inputs) -> DataSettings:
     cache, reason, decoded = _cache_decision(config.data, inputs)
     return DataSettings(
         preprocess,
-        config.data.augment == "auto",
-        normalize_text(config.data.normalize),
+        config.data.augment_auto,
+        config.data.normalize.text,
         cache,
         reason,
         decoded,

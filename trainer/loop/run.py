@@ -24,10 +24,11 @@ from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_
 from trainer.outputs import attempts as attempts_lib
 from trainer.outputs import banner, report, rundir
 from trainer.outputs.checkpoint import Checkpointer
-from trainer.outputs.export import export_saved_model
+from trainer.outputs.export import Serving, export_saved_model
 from trainer.outputs.summaries import Summaries, purge_events, variable_tags
-from trainer.settings.config import RunConfig, validate
+from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
+from trainer.settings.resolve import resolve
 from trainer.step import optim, spread, towers
 from trainer.step.asynchronous import AsyncUpdate
 from trainer.step.staleness import TowerFailed
@@ -55,7 +56,7 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
       trainer.system.distributed.WorkerLost: a worker task died or never started; the message names it.
     """
     stop = stop or stop_lib.REQUEST
-    validate(config)
+    config = resolve(config)
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
         rundir.check_resume(config, config.loop.allow_flag_changes, log=_log_line)
@@ -117,7 +118,8 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     if config.loop.export:
         step = results["global_step"]
         _require_finite(state.model, step, "exporting")
-        export_saved_model(state.model, config, state.inputs, step, _log_line)  # None: kept an existing one
+        serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
+        export_saved_model(state.model, config, serving, step, _log_line)  # None: kept an existing one
         export_dir = os.path.join(config.loop.model_dir, "export", str(step))
     attempts.end("finished")
     metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
@@ -221,7 +223,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
       ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
         what to change.
     """
-    validate(config)
+    config = resolve(config)
     runtime.apply(config.runtime, config.deterministic)  # threads and GPU memory: before the devices initialise
     placement = devices.resolve(config.towers)
     determinism.configure(config.seed, config.deterministic)

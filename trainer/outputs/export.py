@@ -1,9 +1,12 @@
 """The serving export: `model_dir/export/<global_step>/`, a SavedModel whose signatures state their input.
 
 TF Serving's layout (one numbered directory per version under `--model_base_path=model_dir/export`). Each
-signature does in-graph what the training input pipeline (`data.parse`) does, so a client never has to
-guess: images are decoded, resized bilinear to the model's (H, W) and scaled by 1/255 to float32 [0, 1],
-NHWC. Every signature returns `logits`, `probabilities` (softmax) and `classes` (argmax, int64), float32
+signature does in-graph what the eval input pipeline does, with the run's own resolved preprocessing (the
+`data.Preprocess` object eval uses: `trainer.settings.preprocess.DataSettings`), so a client never has to
+guess: `serving_default` decodes encoded images, takes eval's central crop under --augment=imagenet, resizes
+bilinear to the model's (H, W) and scales by 1/255 (`data.serving_images`); `predict_uint8` and
+`predict_float` take images at (H, W) as eval's decoder leaves them. All three then apply --normalize, as eval
+does. Every signature returns `logits`, `probabilities` (softmax) and `classes` (argmax, int64), float32
 even under mixed precision. `assets.extra/towerflow_serving.json` records the same contract as data.
 
 An existing `export/<step>/` is never overwritten (a rerun of a finished run keeps it); a new version is
@@ -12,6 +15,7 @@ written into a hidden sibling and renamed into place, so a kill mid-export leave
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +24,6 @@ import keras
 import tensorflow as tf
 
 import data
-from trainer.loop.inputs import Inputs
 from trainer.settings.config import RunConfig
 
 SERVING_FILE = os.path.join("assets.extra", "towerflow_serving.json")
@@ -28,13 +31,23 @@ OUTPUT_NAMES = ("logits", "probabilities", "classes")
 _PARTIAL_PREFIX = ".partial-"  # TF Serving only loads all-digit directory names
 
 
-def export_saved_model(model: keras.Model, config: RunConfig, inputs: Inputs, step: int, log) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """What the signatures take: the training records' schema and example shape, the number of classes, and the
+    preprocessing eval applies (the same object)."""
+
+    train: data.RecordInfo
+    num_classes: int
+    preprocess: data.Preprocess
+
+
+def export_saved_model(model: keras.Model, config: RunConfig, inputs: Serving, step: int, log) -> str | None:
     """Writes `model` to `config.loop.model_dir/export/<step>/` unless that version exists.
 
     Args:
       model: the trained logits model (its variables may live on several devices).
       config: the run (model name, mixed precision, model_dir).
-      inputs: the resolved records; their schema and example shape define the signatures.
+      inputs: the records' schema and shape (they define the signatures) and eval's preprocessing.
       step: the global step, the version directory's name.
       log: `log(line)` for one line saying what happened.
 
@@ -69,17 +82,17 @@ def _remove_partial(base: str, log) -> None:
             log(f"export: removed {name}, an export that did not finish")
 
 
-def _signature_names(inputs: Inputs) -> list[str]:
+def _signature_names(inputs: Serving) -> list[str]:
     if _is_dense(inputs):
         return ["serving_default", "predict_float"]
     return ["serving_default", "predict_uint8", "predict_float"]
 
 
-def _is_dense(inputs: Inputs) -> bool:
+def _is_dense(inputs: Serving) -> bool:
     return isinstance(inputs.train.schema, data.DenseSchema)
 
 
-def _archive(model: keras.Model, inputs: Inputs) -> keras.export.ExportArchive:
+def _archive(model: keras.Model, inputs: Serving) -> keras.export.ExportArchive:
     """An ExportArchive holding `model` with one endpoint per signature (the first is also serving_default)."""
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -100,34 +113,17 @@ def _archive(model: keras.Model, inputs: Inputs) -> keras.export.ExportArchive:
     images_float = tf.TensorSpec([None, *shape], tf.float32, name="images")
     images_uint8 = tf.TensorSpec([None, *shape], tf.uint8, name="images")
     image_bytes = tf.TensorSpec([None], tf.string, name="image_bytes")
-    decode = _decoder(shape)
+    decode = data.serving_images(inputs.train, inputs.preprocess)
+    normalize = data.normalizer(inputs.preprocess)
     archive.add_endpoint("serving_default", lambda image_bytes: outputs(decode(image_bytes)), [image_bytes])
-    archive.add_endpoint("predict_uint8", lambda images: outputs(tf.cast(images, tf.float32) / 255.0), [images_uint8])
-    archive.add_endpoint("predict_float", lambda images: outputs(images), [images_float])
+    archive.add_endpoint(
+        "predict_uint8", lambda images: outputs(normalize(tf.cast(images, tf.float32) / 255.0)), [images_uint8]
+    )
+    archive.add_endpoint("predict_float", lambda images: outputs(normalize(images)), [images_float])
     return archive
 
 
-def _decoder(shape: tuple[int, int, int]):
-    """encoded [B] string -> float32 [B, H, W, C] in [0, 1], as `data.parse` turns a record's image/encoded.
-
-    Training resizes bilinear with --image_size, and otherwise requires every image to be (H, W); bilinear
-    resizing to the same size is the identity (checked bitwise), so resizing every image matches both and
-    lets clients send other sizes.
-    """
-    height, width, channels = shape
-
-    def decode_one(encoded: tf.Tensor) -> tf.Tensor:
-        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-        return tf.image.resize(image, (height, width), method="bilinear")
-
-    def decode(encoded: tf.Tensor) -> tf.Tensor:
-        images = tf.map_fn(decode_one, encoded, fn_output_signature=tf.TensorSpec(shape, tf.float32))
-        return images / 255.0
-
-    return decode
-
-
-def contract(config: RunConfig, inputs: Inputs, step: int) -> dict:
+def contract(config: RunConfig, inputs: Serving, step: int) -> dict:
     """What `assets.extra/towerflow_serving.json` says: each signature's input, the outputs, the labels."""
     num_classes = inputs.num_classes
     return {
@@ -138,6 +134,7 @@ def contract(config: RunConfig, inputs: Inputs, step: int) -> dict:
         "label_offset": inputs.train.schema.label_offset,
         "labels": "class k is the records' label k + label_offset",
         "mixed_precision": config.towers.mixed_precision or "none",
+        "preprocessing": _preprocessing(inputs.preprocess),
         "signatures": _signature_inputs(inputs),
         "outputs": {
             "logits": {"dtype": "float32", "shape": [None, num_classes]},
@@ -147,18 +144,20 @@ def contract(config: RunConfig, inputs: Inputs, step: int) -> dict:
     }
 
 
-def _signature_inputs(inputs: Inputs) -> dict:
+def _signature_inputs(inputs: Serving) -> dict:
     """signature name -> {input name -> dtype, shape, range, layout}: what `_archive` builds, as data."""
     shape = list(inputs.train.example_shape)
     if _is_dense(inputs):
         features = {"features": {"dtype": "float32", "shape": [None, *shape], "range": "as stored in the records"}}
         return {"serving_default": features, "predict_float": features}
     height, width, channels = shape
+    crop = "the central 87.5% of each side taken (eval's crop), " if inputs.preprocess.augment == "imagenet" else ""
     image_bytes = {
         "dtype": "string",
         "shape": [None],
         "content": f"encoded JPEG, PNG, BMP, GIF or WebP (first frame of an animation), any size; decoded to "
-        f"{channels} channel(s), resized bilinear to {height}x{width}, scaled by 1/255",
+        f"{channels} channel(s), {crop}resized bilinear to {height}x{width}, scaled by 1/255, then normalized as "
+        "`preprocessing` says",
     }
     return {
         "serving_default": {"image_bytes": image_bytes},
@@ -173,6 +172,14 @@ def _signature_inputs(inputs: Inputs) -> dict:
             }
         },
     }
+
+
+def _preprocessing(preprocess: data.Preprocess) -> dict:
+    """What every image signature applies after its input is scaled to [0, 1]: eval's, of this run."""
+    normalize = None
+    if preprocess.mean is not None:
+        normalize = {"mean": list(preprocess.mean), "std": list(preprocess.std), "what": "(x - mean) / std"}
+    return {"eval_crop": preprocess.augment == "imagenet", "normalize": normalize}
 
 
 def _write_contract(export_dir: str, contract_: dict) -> None:

@@ -5,7 +5,8 @@ A run's directory is its identity: a requeued job, a manual rerun and a second e
 checkpoints there. So a second live run is refused (naming the holder), and a resume whose settings would
 change what is being trained (seed, model, data, augmentation, batch, optimizer, schedule...) is refused with
 the list of differences unless `--allow_flag_changes` is given; augmentation and normalization are compared as
-resolved (`--augment=auto` is what it chose for the model). Settings that may change on resume are in `MAY_CHANGE`.
+resolved (`--augment=auto` is what it chose for the model). Which settings may change on resume is a column of
+the flag table (`trainer.settings.table`) and, for the devices, the update mode's (`trainer.step.modes`).
 """
 
 from __future__ import annotations
@@ -17,45 +18,16 @@ import os
 import socket
 
 from trainer.outputs import checkpoint_files, report
-from trainer.settings.config import ConfigError, RunConfig, flatten
-from trainer.settings.preprocess import normalize_text, resolve_augment
+from trainer.settings import table
+from trainer.settings.config import ConfigError, Normalization, RunConfig, flatten
+from trainer.settings.flag import FIXED
+from trainer.settings.preprocess import resolve_augment
+from trainer.step.modes import mode_for
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
-# Settings that may differ between the starts of one run: where and how often things are written, how long
-# to train, and (sync mode, with --micro_batches fixed) on which devices. Everything else defines the run.
-MAY_CHANGE = {
-    "loop.model_dir",
-    "loop.train_steps",
-    "loop.log_every_steps",
-    "loop.eval_every_steps",
-    "loop.checkpoint_every_steps",
-    "loop.histogram_every_steps",
-    "loop.keep_checkpoints",
-    "loop.export",
-    "loop.profile_steps",
-    "loop.steps_per_call",  # the same bits for every call size
-    "loop.max_requeues",
-    "loop.allow_flag_changes",
-    "loop.cluster_timeout_sec",
-    "data.eval_data",
-    "data.eval_batch_size",
-    "data.max_bad_records",
-    "data.cache",  # the same batches, cached or not
-    "towers.device",
-    "towers.parameter_device",
-    "towers.jit_compile",
-    # how TensorFlow runs, not what it computes (oneDNN's rounding aside: last digits of the loss)
-    "runtime.onednn",
-    "runtime.inter_op_threads",
-    "runtime.intra_op_threads",
-    "runtime.gpu_memory_growth",
-    "runtime.gpu_memory_limit_mb",
-    "runtime.cudnn_autotune",
-    "runtime.grappler",
-}
-# With K fixed, the towers (on one machine or several) do not change the sync result.
-SYNC_MAY_CHANGE = {"towers.num_towers", "towers.num_tasks"}
+# Settings that define the run and are not flags: the number of tasks (a sync run's mode lets it change).
+DERIVED = ("towers.num_tasks",)
 # What the runs before a setting existed did, where a run.json without it must not be read as today's default:
 # before --augment and --normalize (commit b1283dc) images were scaled to [0, 1] (/255) and nothing else, and
 # --augment=auto now augments resnet20 and resnet50.
@@ -63,16 +35,6 @@ PREDATES = {"data.augment": "none", "data.normalize": "none"}
 # Settings whose recorded value reproduces the run when given on the command line: a flags.txt written before
 # the setting existed does not hold it, so --flagfile alone would not.
 REPRODUCE = ("data.augment", "data.normalize")
-FLAG_NAMES = {  # the flag of a setting, where it is not the setting's last name
-    "towers.num_towers": "num_gpus",
-    "towers.num_micro_batches": "micro_batches",
-    "towers.jit_compile": "xla",
-    "model.name": "model",
-    "optimizer.name": "optimizer",
-    "optimizer.schedule": "lr_schedule",
-    "optimizer.boundaries": "lr_boundaries",
-    "optimizer.values": "lr_values",
-}
 
 
 class RunDirError(ConfigError):
@@ -117,24 +79,28 @@ def _holder() -> str:
 
 
 def defining_settings(config: RunConfig) -> dict:
-    """The settings that define what is trained, flattened (`optimizer.learning_rate`, ...), with resolved
-    values (`towers.num_micro_batches`, not the 0 that means one per tower)."""
+    """The settings that define what is trained, flattened (`optimizer.learning_rate`, ...): the flag table's
+    settings a resume may not change (`trainer.settings.table`, FIXED) and the task count, less what the update
+    mode lets change (`UpdateMode.resume_may_change`), with `towers.num_micro_batches` for the 0 that means one
+    per tower."""
     flat = flatten(config)
-    flat.pop("towers.micro_batches")
-    flat["towers.num_micro_batches"] = config.towers.num_micro_batches
-    changeable = MAY_CHANGE | (SYNC_MAY_CHANGE if config.towers.update_mode == "sync" else set())
-    return _resolved({k: _jsonable(v) for k, v in sorted(flat.items()) if k not in changeable})
+    may_change = mode_for(config.towers.update_mode).resume_may_change
+    names = [f.field for f in table.FLAGS if f.resume == FIXED and f.field != "towers.micro_batches"]
+    defining = {k: flat[k] for k in (*names, *DERIVED) if k not in may_change}
+    if "towers.num_micro_batches" not in may_change:
+        defining["towers.num_micro_batches"] = config.towers.num_micro_batches
+    return _resolved({k: _jsonable(v) for k, v in sorted(defining.items())})
 
 
 def _resolved(settings: dict) -> dict:
     """`settings` with --augment and --normalize as what they do to the images: auto resolved for the run's
-    model, one spelling per normalization. A resume compares what is trained on, not the flags' spelling:
-    `auto` is crop_flip for resnet20 and none for cnn, and run.json files written before this held `auto`."""
+    model, one spelling per normalization. The current settings are resolved already (`trainer.settings.resolve`);
+    run.json files written before that held `auto` and the flag's spelling."""
     dense = settings["data.record_schema"] == "dense"
     return {
         **settings,
         "data.augment": resolve_augment(settings["data.augment"], settings["model.name"], dense),
-        "data.normalize": normalize_text(settings["data.normalize"]),
+        "data.normalize": Normalization.parse(settings["data.normalize"]).text,
     }
 
 
@@ -158,7 +124,7 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
         changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:
-            reproduce = "".join(f" --{_flag(k)}={recorded[k]}" for k in changed if k in REPRODUCE)
+            reproduce = "".join(f" --{table.flag_name(k)}={recorded[k]}" for k in changed if k in REPRODUCE)
             raise RunDirError(
                 f"{model_dir} holds a run these flags would change ({changes}). Resume with its flags "
                 f"(--flagfile={os.path.join(model_dir, 'flags.txt')}{reproduce}), use a new --model_dir, or pass "
@@ -170,14 +136,10 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
     report.write_json(path, current)
 
 
-def _flag(setting: str) -> str:
-    return FLAG_NAMES.get(setting, setting.split(".")[-1])
-
-
 def _change(setting: str, recorded: dict, current: dict, config: RunConfig) -> str:
     """`--flag: recorded -> now`, saying where now's augmentation came from when --augment=auto chose it."""
-    auto = f" (auto for {config.model.name})" if setting == "data.augment" and config.data.augment == "auto" else ""
-    return f"--{_flag(setting)}: {recorded.get(setting)!r} -> {current.get(setting)!r}{auto}"
+    auto = f" (auto for {config.model.name})" if setting == "data.augment" and config.data.augment_auto else ""
+    return f"--{table.flag_name(setting)}: {recorded.get(setting)!r} -> {current.get(setting)!r}{auto}"
 
 
 def _warn_if_schedule_stretched(config: RunConfig, log) -> None:

@@ -1,8 +1,10 @@
-"""Typed, frozen run configuration, grouped by concern.
+"""The run's settings: typed, frozen dataclasses grouped by concern, and the value types of their fields.
 
-Only `trainer/__main__.py` reads absl flags; it converts them once into a `RunConfig`. Everything below takes
-these objects, so the trainer is usable as a library and testable without flags. `validate()` runs before
-TensorFlow is imported, so bad input fails fast with a message that names the flag and says what to change.
+A `RunConfig` is what every part of the trainer reads; none of them reads a flag or re-parses a string.
+It comes from the flag table (`trainer.settings.table`, through `trainer.settings.flags`) or from a library
+caller, and goes through `trainer.settings.resolve.resolve` once: validated (`trainer.settings.validate`) and
+with what the settings alone decide resolved (`--augment=auto`, the task count). The field defaults here are
+the flags' defaults.
 """
 
 from __future__ import annotations
@@ -51,6 +53,73 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Normalization:
+    """--normalize, parsed: per-channel means and standard deviations of [0, 1] pixels; empty for none.
+
+    One value per list stands for every channel; `parse` keeps one value when every channel has the same, so
+    equal normalizations compare (and are recorded) equal whatever their spelling.
+    """
+
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Normalization:
+        """ "none", "imagenet" (ImageNet's RGB mean and std), or an even count of comma-separated numbers: the
+        means, then as many stds.
+
+        Raises:
+          ConfigError: anything else, or a std that is not positive.
+        """
+        if text == "none":
+            return cls()
+        if text == "imagenet":
+            return cls(IMAGENET_MEAN, IMAGENET_STD)
+        try:
+            values = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) < 2 or len(values) % 2:
+            raise ConfigError(
+                f"--normalize ({text!r}) must be none, imagenet, or MEAN,STD as comma-separated numbers: the means, "
+                "then as many stds (one per channel, e.g. 0.49,0.48,0.45,0.25,0.24,0.26, or one for all, e.g. "
+                "0.5,0.25)"
+            )
+        mean, std = values[: len(values) // 2], values[len(values) // 2 :]
+        if min(std) <= 0:
+            raise ConfigError(f"--normalize ({text!r}): every std must be positive (got {list(std)})")
+        if len(set(mean)) == 1 and len(set(std)) == 1:
+            mean, std = mean[:1], std[:1]
+        return cls(mean, std)
+
+    def __bool__(self) -> bool:
+        return bool(self.mean)
+
+    @property
+    def text(self) -> str:
+        """The one spelling of this normalization: none, imagenet, or MEAN,STD (a --normalize value)."""
+        if not self:
+            return "none"
+        if (self.mean, self.std) == (IMAGENET_MEAN, IMAGENET_STD):
+            return "imagenet"
+        return ",".join(repr(v) for v in (*self.mean, *self.std))
+
+    def per_channel(self, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(means, stds), one of each per channel of images with `channels` channels.
+
+        Raises:
+          ConfigError: the values are for another number of channels.
+        """
+        if len(self.mean) not in (1, channels):
+            raise ConfigError(
+                f"--normalize={self.text} gives {len(self.mean)} means and stds, but the images have {channels} "
+                "channel(s): give one per channel, or one for all"
+            )
+        repeat = channels // len(self.mean)
+        return self.mean * repeat, self.std * repeat
+
+
+@dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Where the examples come from. Empty `train_data` means the built-in digits dataset."""
 
@@ -65,8 +134,9 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     eval_batch_size: int = 0  # 0: the global batch size
     max_bad_records: int = 0  # corrupt training records (bad CRC, truncated file) skipped before failing
-    augment: str = "auto"  # auto: by model family (trainer/settings/preprocess.py AUTO_AUGMENT)
-    normalize: str = "none"  # none, imagenet, or MEAN,...,STD,... (see `normalization`)
+    augment: str = "auto"  # auto: by model family; resolved to the kind by `resolve` (trainer.settings.preprocess)
+    augment_auto: bool = False  # `augment` was chosen by --augment=auto (set by `resolve`; not a flag)
+    normalize: Normalization = Normalization()  # --normalize, parsed once (`Normalization.parse`)
     cache: str = "auto"  # auto: decoded training images in memory when below data.AUTO_CACHE_BYTES
 
 
@@ -130,7 +200,6 @@ class LoopConfig:
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
     max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/outputs/rundir.py)
-    cluster_timeout_sec: float = 300.0  # several tasks: how long chief and workers wait for each other
     steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.calls); 0: auto
 
 
@@ -148,6 +217,14 @@ class RuntimeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Several tasks (srun, TF_CONFIG): how they find and wait for each other (`launch.cluster`)."""
+
+    port: int = 0  # gRPC port of a node's first task; 0: derived from SLURM_JOB_ID
+    timeout_sec: float = 300.0  # how long chief and workers wait for each other
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -155,6 +232,7 @@ class RunConfig:
     towers: TowerConfig = TowerConfig()
     loop: LoopConfig = LoopConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    cluster: ClusterConfig = ClusterConfig()
     seed: int = 0
     deterministic: bool = False
     flags_text: str = ""  # the absl flagfile that reproduces this run, written to model_dir/flags.txt
@@ -163,7 +241,7 @@ class RunConfig:
 def flatten(config: RunConfig) -> dict:
     """The run's settings as one flat dict (`towers.num_towers`, `optimizer.learning_rate`, `seed`, ...)."""
     flat = {}
-    for group, values in dataclasses.asdict(config).items():
+    for group, values in dataclasses.asdict(config, dict_factory=_with_normalization_text).items():
         if isinstance(values, dict):
             flat.update({f"{group}.{k}": v for k, v in values.items()})
         elif group != "flags_text":
@@ -171,102 +249,13 @@ def flatten(config: RunConfig) -> dict:
     return flat
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _validate_towers(t: TowerConfig) -> None:
-    _require(t.num_towers >= 1, f"--num_gpus ({t.num_towers}) must be at least 1")
-    _require(t.device in DEVICE_KINDS, f"--device ({t.device!r}) must be one of {DEVICE_KINDS}")
-    _require(
-        t.parameter_device in PARAMETER_DEVICES,
-        f"--parameter_device ({t.parameter_device!r}) must be one of {PARAMETER_DEVICES}",
-    )
-    _require(t.update_mode in UPDATE_MODES, f"--update_mode ({t.update_mode!r}) must be one of {UPDATE_MODES}")
-    _require(
-        t.mixed_precision in MIXED_PRECISION,
-        f"--mixed_precision ({t.mixed_precision!r}) must be one of {MIXED_PRECISION[1:]} or empty",
-    )
-    _require(t.global_batch_size >= 1, f"--global_batch_size ({t.global_batch_size}) must be at least 1")
-    k = t.num_micro_batches
-    _require(k >= 1, f"--micro_batches ({t.micro_batches}) must be at least 1 (or 0 for one per tower)")
-    tasks = f" x {t.num_tasks} tasks" if t.num_tasks > 1 else ""
-    _require(
-        k % t.total_towers == 0,
-        f"--micro_batches ({k}) must be a multiple of the towers (--num_gpus={t.num_towers}{tasks}) so every "
-        f"tower gets the same number of micro-batches",
-    )
-    _require(
-        t.global_batch_size % k == 0,
-        f"--global_batch_size ({t.global_batch_size}) must be divisible by --micro_batches ({k})",
-    )
-
-
-def _validate_optimizer(o: OptimizerConfig, train_steps: int) -> None:
-    _require(o.name in OPTIMIZERS, f"--optimizer ({o.name!r}) must be one of {OPTIMIZERS}")
-    _require(o.learning_rate > 0, f"--learning_rate ({o.learning_rate}) must be positive")
-    _require(o.schedule in SCHEDULES, f"--lr_schedule ({o.schedule!r}) must be one of {SCHEDULES}")
-    _require(
-        0 <= o.warmup_steps < train_steps,
-        f"--warmup_steps ({o.warmup_steps}) must be in [0, --train_steps ({train_steps}))",
-    )
-    _require(o.clip_global_norm >= 0, f"--clip_global_norm ({o.clip_global_norm}) must be >= 0")
-    if o.schedule == "piecewise":
-        _require(
-            len(o.values) == len(o.boundaries) + 1,
-            f"--lr_values needs one more value than --lr_boundaries has boundaries "
-            f"(got {len(o.values)} values, {len(o.boundaries)} boundaries)",
-        )
-        _require(
-            list(o.boundaries) == sorted(set(o.boundaries)),
-            f"--lr_boundaries ({list(o.boundaries)}) must be strictly increasing",
-        )
-
-
-def _validate_loop(lp: LoopConfig) -> None:
-    _require(bool(lp.model_dir), "--model_dir must not be empty")
-    _require(lp.train_steps >= 1, f"--train_steps ({lp.train_steps}) must be at least 1")
-    for name in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps", "histogram_every_steps"):
-        value = getattr(lp, name)
-        _require(value >= 0, f"--{name} ({value}) must be >= 0 (0 turns it off)")
-    if lp.profile_steps is not None:
-        a, b = lp.profile_steps
-        _require(
-            0 <= a < b <= lp.train_steps,
-            f"--profile_steps ({a},{b}) must be A,B with 0 <= A < B <= --train_steps ({lp.train_steps})",
-        )
-    _require(lp.keep_checkpoints >= 1, f"--keep_checkpoints ({lp.keep_checkpoints}) must be at least 1")
-    _require(lp.cluster_timeout_sec > 0, f"--cluster_timeout_sec ({lp.cluster_timeout_sec}) must be positive")
-    _require(lp.max_requeues >= 0, f"--max_requeues ({lp.max_requeues}) must be >= 0 (0: never requeue)")
-    _require(lp.steps_per_call >= 0, f"--steps_per_call ({lp.steps_per_call}) must be >= 0 (0: auto)")
-
-
-def normalization(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """--normalize as (means, stds) on [0, 1] pixels, or None for "none".
-
-    "imagenet" is ImageNet's RGB mean and std; otherwise an even count of comma-separated numbers: the first
-    half the means, the second the stds, one per channel or one for every channel (e.g. "0.5,0.25").
-
-    Raises:
-      ConfigError: anything else, or a std that is not positive.
-    """
-    if text == "none":
-        return None
-    if text == "imagenet":
-        return IMAGENET_MEAN, IMAGENET_STD
-    try:
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    _require(
-        len(values) >= 2 and len(values) % 2 == 0,
-        f"--normalize ({text!r}) must be none, imagenet, or MEAN,STD as comma-separated numbers: the means, then "
-        "as many stds (one per channel, e.g. 0.49,0.48,0.45,0.25,0.24,0.26, or one for all, e.g. 0.5,0.25)",
-    )
-    mean, std = values[: len(values) // 2], values[len(values) // 2 :]
-    _require(min(std) > 0, f"--normalize ({text!r}): every std must be positive (got {list(std)})")
-    return mean, std
+def _with_normalization_text(items: list[tuple[str, object]]) -> dict:
+    """`dataclasses.asdict`'s dict factory, with a `Normalization` as its --normalize text (a nested dataclass
+    reaches the factory as its fields; its own dict is recognised by them)."""
+    values = dict(items)
+    if set(values) == {"mean", "std"}:
+        return Normalization(tuple(values["mean"]), tuple(values["std"])).text
+    return values
 
 
 def grappler_options(text: str) -> dict[str, bool]:
@@ -278,92 +267,9 @@ def grappler_options(text: str) -> dict[str, bool]:
     options = {}
     for entry in filter(None, text.split(",")):
         name, _, value = entry.partition("=")
-        _require(value in ("on", "off"), f"--grappler entry {entry!r} must be NAME=on or NAME=off")
-        _require(
-            name in GRAPPLER_OPTIONS,
-            f"--grappler: unknown option {name!r}; TensorFlow accepts {', '.join(GRAPPLER_OPTIONS)}",
-        )
+        if value not in ("on", "off"):
+            raise ConfigError(f"--grappler entry {entry!r} must be NAME=on or NAME=off")
+        if name not in GRAPPLER_OPTIONS:
+            raise ConfigError(f"--grappler: unknown option {name!r}; TensorFlow accepts {', '.join(GRAPPLER_OPTIONS)}")
         options[name] = value == "on"
     return options
-
-
-def _validate_runtime(r: RuntimeConfig, device: str, deterministic: bool) -> None:
-    _require(r.onednn in SWITCHES, f"--onednn ({r.onednn!r}) must be one of {SWITCHES}")
-    _require(r.cudnn_autotune in SWITCHES, f"--cudnn_autotune ({r.cudnn_autotune!r}) must be one of {SWITCHES}")
-    for name in ("inter_op_threads", "intra_op_threads", "gpu_memory_limit_mb"):
-        value = getattr(r, name)
-        _require(value >= 0, f"--{name} ({value}) must be >= 0 (0: TensorFlow's default)")
-    if device == "cpu":
-        for name in ("gpu_memory_growth", "gpu_memory_limit_mb"):
-            _require(
-                not getattr(r, name),
-                f"--{name} cannot apply with --device=cpu: the GPUs are hidden from TensorFlow; drop the flag",
-            )
-    _require(
-        not (r.gpu_memory_growth and r.gpu_memory_limit_mb),
-        "--gpu_memory_growth and --gpu_memory_limit_mb cannot be combined: TensorFlow refuses memory growth on a "
-        "GPU given a memory limit (a logical device configuration); pass one of them",
-    )
-    _require(
-        not (r.cudnn_autotune == "on" and deterministic),
-        "--cudnn_autotune=on cannot be --deterministic: autotuning picks cuDNN algorithms by timing them, and op "
-        "determinism already forces deterministic ones; drop --cudnn_autotune (auto is off under --deterministic)",
-    )
-    options = grappler_options(r.grappler)
-    _require(
-        not (options.get("arithmetic_optimization") and deterministic),
-        "--grappler=arithmetic_optimization=on cannot be --deterministic: it reorders the fixed-order gradient "
-        "sums, so one tower and two differ by an ulp; drop it",
-    )
-
-
-def _validate_data(d: DataConfig) -> None:
-    _require(
-        d.record_schema in RECORD_SCHEMAS, f"--record_schema ({d.record_schema!r}) must be one of {RECORD_SCHEMAS}"
-    )
-    if d.train_data:
-        _require(d.num_classes >= 2, f"--num_classes ({d.num_classes}) must be given (>= 2) with --train_data")
-        _require(bool(d.eval_data), "--eval_data must be given with --train_data (file glob of held-out records)")
-    else:
-        _require(not d.eval_data, "--eval_data needs --train_data (without both, the built-in digits are used)")
-    _require(d.shuffle_buffer >= 1, f"--shuffle_buffer ({d.shuffle_buffer}) must be at least 1")
-    _require(d.eval_batch_size >= 0, f"--eval_batch_size ({d.eval_batch_size}) must be >= 0")
-    _require(d.max_bad_records >= 0, f"--max_bad_records ({d.max_bad_records}) must be >= 0")
-    _require(d.augment in AUGMENTS, f"--augment ({d.augment!r}) must be one of {AUGMENTS}")
-    _require(d.cache in CACHES, f"--cache ({d.cache!r}) must be one of {CACHES}")
-    normalization(d.normalize)
-    if d.image_size is not None:
-        _require(
-            len(d.image_size) == 2 and min(d.image_size) >= 1,
-            f"--image_size ({d.image_size}) must be two positive integers H,W",
-        )
-
-
-def validate(config: RunConfig) -> RunConfig:
-    """Checks every value that needs no TensorFlow; returns `config` unchanged.
-
-    Raises:
-      ConfigError: naming the offending flag, its value, and what to change.
-    """
-    _validate_towers(config.towers)
-    _require(
-        not (config.deterministic and config.towers.update_mode == "async"),
-        "--update_mode=async cannot be --deterministic: async updates land in thread-timing order. "
-        "Use --update_mode=sync for bitwise reproducible training.",
-    )
-    _require(
-        not (config.towers.mixed_precision == "fp16" and config.towers.update_mode == "async"),
-        "--mixed_precision=fp16 cannot be --update_mode=async: a gradient in flight would be unscaled with the "
-        "loss scale of the moment it lands, not the one it was computed with (2x or 0.5x updates). Use "
-        "--mixed_precision=bf16 (no loss scaling) with async, or sync with fp16.",
-    )
-    _require(
-        not (config.loop.steps_per_call and config.towers.update_mode == "async"),
-        f"--steps_per_call ({config.loop.steps_per_call}) is for --update_mode=sync: async towers apply one "
-        "update per call each, in their own threads. Leave it at 0 with async.",
-    )
-    _validate_loop(config.loop)
-    _validate_optimizer(config.optimizer, config.loop.train_steps)
-    _validate_data(config.data)
-    _validate_runtime(config.runtime, config.towers.device, config.deterministic)
-    return config

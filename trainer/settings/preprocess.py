@@ -1,9 +1,7 @@
-"""What --augment, --normalize and --cache resolve to for a run, in one place for the pipeline, the banner,
-metrics.json and the resume check (`trainer.outputs.rundir`).
-
-`--augment=auto` means a different augmentation per model family, and `--normalize` has several spellings of
-one normalization, so the literal flag values say neither what a run trained on nor whether two runs trained
-on the same thing. Imports no TensorFlow: the resume check runs before TensorFlow reads any record.
+"""What training does to the data, resolved: `--augment=auto` by model family (`resolve_augment`, applied once
+by `trainer.settings.resolve`), and `DataSettings`, what the records then decide (the cache; normalization per
+channel), built once per run by `trainer.loop.inputs.data_settings` and read by the train and eval pipelines,
+the export, the banner and metrics.json. Imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 from data.schema import Preprocess
-from trainer.settings.config import IMAGENET_MEAN, IMAGENET_STD, normalization
 
 # --augment=auto by model family: the CIFAR recipe for resnet20, the ImageNet one for resnet50. Everything else
 # (mlp and cnn on the digits, whose flipped 2s and 5s are other digits; a module:function model) gets none.
@@ -27,25 +24,6 @@ def resolve_augment(augment: str, model_name: str, dense: bool) -> str:
     return "none" if dense else AUTO_AUGMENT.get(model_name, "none")
 
 
-def normalize_text(text: str) -> str:
-    """--normalize spelled one way per normalization, so equal ones compare equal: none, imagenet (also for
-    its numbers), or MEAN,STD with one mean and one std when every channel has the same (0.5,0.5,0.5,0.25,
-    0.25,0.25 -> 0.5,0.25).
-
-    Raises:
-      ConfigError: `text` is not a valid --normalize.
-    """
-    norm = normalization(text)
-    if norm is None:
-        return "none"
-    if norm == (IMAGENET_MEAN, IMAGENET_STD):
-        return "imagenet"
-    mean, std = norm
-    if len(set(mean)) == 1 and len(set(std)) == 1:
-        mean, std = mean[:1], std[:1]
-    return ",".join(repr(v) for v in (*mean, *std))
-
-
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """What training reads, resolved (`trainer.loop.inputs.data_settings` decides it from the flags and records).
@@ -53,7 +31,7 @@ class DataSettings:
     Attributes:
       preprocess: what the pipeline does to each image (augment; normalization per channel).
       augment_auto: `augment` was chosen by --augment=auto.
-      normalize: `normalize_text` of --normalize.
+      normalize: the --normalize text (`Normalization.text`).
       cache: training images are decoded once into memory.
       cache_reason: why --cache=auto decided `cache` ("~3 MB decoded", "dense records"); "" when --cache
         said it.

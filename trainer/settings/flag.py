@@ -1,0 +1,58 @@
+"""One row of the flag table (`trainer.settings.table`) and the checks and parsers rows share."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from trainer.settings.config import ConfigError
+
+FIXED, FREE = "fixed", "free"  # a resume may not (may) change the setting (`--allow_flag_changes` aside)
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One flag. `check(value)` returns what is wrong with a (parsed) value, or "" (`trainer.settings.validate`
+    prefixes the flag); `parse(text or list)` turns absl's value into the setting's, raising ConfigError."""
+
+    name: str
+    field: str  # "group.field" of RunConfig, or a top-level field ("seed")
+    group: str
+    help: str
+    resume: str = FIXED
+    choices: tuple = ()
+    check: Callable[[object], str] | None = None
+    parse: Callable[[object], object] | None = None
+
+
+def at_least(bound: int, note: str = "") -> Callable[[object], str]:
+    """`check` of a number that must be >= bound; "at least 1", or ">= 0 (note)"."""
+    words = f"at least {bound}" if bound else ">= 0"
+    words += f" ({note})" if note else ""
+    return lambda value: "" if value >= bound else f"must be {words}"
+
+
+def positive(value) -> str:
+    return "" if value > 0 else "must be positive"
+
+
+def ints(count: int = 0, what: str = "comma-separated integers"):
+    def parse(values):
+        if not values:
+            return None if count else ()
+        try:
+            numbers = tuple(int(v) for v in values)
+        except ValueError:
+            raise ConfigError(f"({','.join(values)}) must be {what}") from None
+        if count and len(numbers) != count:
+            raise ConfigError(f"({','.join(values)}) must be {what}")
+        return numbers
+
+    return parse
+
+
+def floats(values):
+    try:
+        return tuple(float(v) for v in values or ())
+    except ValueError:
+        raise ConfigError(f"({','.join(values)}) must be comma-separated numbers") from None

@@ -1,0 +1,33 @@
+"""`resolve(config) -> RunConfig`: the one step between what was asked (flags, or a library caller's
+`RunConfig`) and what every part of the trainer reads.
+
+It validates every setting (`trainer.settings.validate`) and fills in what the settings alone decide, so no
+consumer decides it again: `--augment=auto` becomes the model family's augmentation (`augment_auto` says it
+was auto), and the task count comes from the cluster. What the records decide (the cache, normalization per
+channel) is resolved once they are found: `trainer.loop.inputs.data_settings`. Resolving a resolved config
+returns it unchanged. Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainer.settings.config import RunConfig
+from trainer.settings.preprocess import resolve_augment
+from trainer.settings.validate import validate
+
+
+def resolve(config: RunConfig, num_tasks: int | None = None) -> RunConfig:
+    """`config` validated, with `--augment=auto` resolved and, when given, `num_tasks` tasks.
+
+    Raises:
+      ConfigError: a setting is out of range or inconsistent with another; the message names the flag.
+    """
+    if num_tasks is not None:
+        config = dataclasses.replace(config, towers=dataclasses.replace(config.towers, num_tasks=num_tasks))
+    validate(config)
+    d = config.data
+    if d.augment == "auto":
+        augment = resolve_augment(d.augment, config.model.name, dense=d.record_schema == "dense")
+        config = dataclasses.replace(config, data=dataclasses.replace(d, augment=augment, augment_auto=True))
+    return config
