@@ -69,6 +69,8 @@ def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
     """
     augment, norm = config.data.augment, config.data.normalize
     if isinstance(inputs.train.schema, data.DenseSchema):
+        if config.data.augment_auto:  # --record_schema=auto: only the records said they are dense
+            augment = "none"
         if augment != "none" or norm:
             flag = f"--augment={augment}" if augment != "none" else f"--normalize={norm.text}"
             raise ConfigError(
