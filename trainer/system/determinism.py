@@ -1,4 +1,4 @@
-"""Seeding and the switches of `--deterministic` (see the determinism contract in DESIGN.md)."""
+"""Seeding and the switches of `--deterministic` (the determinism contract: docs/determinism.md)."""
 
 from __future__ import annotations
 
