@@ -21,8 +21,6 @@ from data.schema import DataError, RecordInfo
 
 # --cache=auto caches when the estimated memory of the decoded training images is below this.
 AUTO_CACHE_BYTES = 2 << 30
-# TFRecord framing per record: length (8), length CRC (4), data CRC (4).
-_FRAME_BYTES = 16
 _BUILD_BATCH = 512
 
 
@@ -115,7 +113,7 @@ def estimated_bytes(info: RecordInfo) -> int:
     total = sum(tf.io.gfile.stat(path).length for path in files)
     first = next(iter(tf.data.TFRecordDataset(files[0]).take(1))).numpy()
     height, width, channels = _stored_shape(tf.train.Example.FromString(first).features.feature)
-    return int(total / (len(first) + _FRAME_BYTES) * height * width * channels)
+    return int(total / (len(first) + schema_lib.FRAME_BYTES) * height * width * channels)
 
 
 def _stored_shape(feature) -> tuple[int, int, int]:

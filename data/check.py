@@ -17,10 +17,8 @@ from google.protobuf import message as protobuf_message
 
 from data import schema as schema_lib
 from data.parse import batch_parser
-from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
+from data.schema import FRAME_BYTES, DataError, DenseSchema, ImageSchema, RecordInfo
 
-# A TFRecord frame is an 8-byte length, its 4-byte CRC, the payload, and the payload's 4-byte CRC.
-FRAME_BYTES = 16
 # Records per batch of a search; the failing batch is then checked one record at a time.
 _SEARCH_BATCH = 256
 _MAX_REASON = 200

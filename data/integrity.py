@@ -29,7 +29,7 @@ import sys
 import tensorflow as tf
 
 from data import check
-from data.schema import DataError, RecordInfo
+from data.schema import FRAME_BYTES, DataError, RecordInfo
 
 # Records per chunk of the byte count: one function call (~70 us here) per chunk instead of per record.
 CHUNK = 64
@@ -130,7 +130,7 @@ class BadRecords:
             report = tf.cond(ended_early, lambda: self._report(file_id, path, index, offset), tf.no_op)
             payload = tf.reduce_sum(tf.cast(tf.strings.length(chunk, unit="BYTE"), tf.int64))
             with tf.control_dependencies([report]):
-                return (offset + payload + check.FRAME_BYTES * count, index + count), tf.identity(chunk)
+                return (offset + payload + FRAME_BYTES * count, index + count), tf.identity(chunk)
 
         start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
         return chunks.scan(start, account)

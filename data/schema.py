@@ -9,6 +9,9 @@ import dataclasses
 import numbers
 
 # Keys written by TensorFlow's ImageNet conversion script (build_imagenet_data.py).
+# A TFRecord frames each record with its length (8 bytes) and two CRCs (4 each): a file's bytes are the
+# records' plus this much per record.
+FRAME_BYTES = 16
 IMAGE_ENCODED_KEY = "image/encoded"
 IMAGE_LABEL_KEY = "image/class/label"
 IMAGE_HEIGHT_KEY = "image/height"

@@ -37,6 +37,8 @@ from google.protobuf import text_format
 # some garbled files and raises for others (UnicodeDecodeError, ValueError), so the file is parsed here.
 from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
 
+from trainer.system import files
+
 STATE_FILE = "checkpoint"
 DIRECTORY = "checkpoints"  # under model_dir
 _CHECKPOINT = re.compile(r"ckpt-(\d+)")
@@ -153,10 +155,8 @@ def write_state(model_dir: str, names: list[str], timestamps: dict[str, float]) 
         last_preserved_timestamp=min(stamps) - 1.0,
     )
     path = os.path.join(model_dir, STATE_FILE)
-    tmp = f"{path}.tmp{uuid.uuid4().hex}"  # the name TensorFlow's own atomic write uses: cleaned up if left
-    with open(tmp, "w") as f:
-        f.write(text_format.MessageToString(proto))
-    os.replace(tmp, path)
+    # the temporary name TensorFlow's own atomic write uses: `remove_interrupted` recognises one left behind
+    files.write_atomically(path, text_format.MessageToString(proto), temp_suffix=f".tmp{uuid.uuid4().hex}")
 
 
 def _mtime(path: str) -> float:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
 
 import numpy as np
 
 from trainer.step import spread
-from trainer.system import runtime, versions
+from trainer.system import files, runtime, versions
 
 
 def weights_sha256(variables) -> str:
@@ -31,23 +29,13 @@ def weights_sha256(variables) -> str:
 def write_json(path: str, values) -> None:
     """Writes `values` as strict, indented JSON (NaN and infinities become null), atomically (a reader never
     sees a half-written file)."""
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(_strict(values), f, indent=2, sort_keys=True, default=_plain, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)  # a full disk leaves no half-written .tmp behind
-        raise
+    text = json.dumps(_strict(values), indent=2, sort_keys=True, default=_plain, allow_nan=False)
+    files.write_atomically(path, text + "\n")
 
 
 def write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Writes `text` to `path` atomically."""
+    files.write_atomically(path, text)
 
 
 def _strict(value):
