@@ -19,11 +19,13 @@ import socket
 from trainer.outputs import checkpoint_files, report
 from trainer.settings.config import ConfigError, RunConfig, flatten
 from trainer.settings.preprocess import normalize_text, resolve_augment
+from trainer.step.modes import mode_for
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
 # Settings that may differ between the starts of one run: where and how often things are written, how long
-# to train, and (sync mode, with --micro_batches fixed) on which devices. Everything else defines the run.
+# to train, and (in sync mode, with --micro_batches fixed: `UpdateMode.resume_may_change`) on which devices.
+# Everything else defines the run.
 MAY_CHANGE = {
     "loop.model_dir",
     "loop.train_steps",
@@ -54,8 +56,6 @@ MAY_CHANGE = {
     "runtime.cudnn_autotune",
     "runtime.grappler",
 }
-# With K fixed, the towers (on one machine or several) do not change the sync result.
-SYNC_MAY_CHANGE = {"towers.num_towers", "towers.num_tasks"}
 # What the runs before a setting existed did, where a run.json without it must not be read as today's default:
 # before --augment and --normalize (commit b1283dc) images were scaled to [0, 1] (/255) and nothing else, and
 # --augment=auto now augments resnet20 and resnet50.
@@ -122,7 +122,7 @@ def defining_settings(config: RunConfig) -> dict:
     flat = flatten(config)
     flat.pop("towers.micro_batches")
     flat["towers.num_micro_batches"] = config.towers.num_micro_batches
-    changeable = MAY_CHANGE | (SYNC_MAY_CHANGE if config.towers.update_mode == "sync" else set())
+    changeable = MAY_CHANGE | mode_for(config.towers.update_mode).resume_may_change
     return _resolved({k: _jsonable(v) for k, v in sorted(flat.items()) if k not in changeable})
 
 
