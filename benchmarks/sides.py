@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
-
 from benchmarks import inputs, reference
 from benchmarks.plan import Setting, Side
 from trainer.loop.run import build
@@ -58,8 +56,7 @@ class TowerflowSide:
             dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
         self.trainer = build(config, train_dataset=dataset)
         self.mode = self.trainer.mode
-        # The sync mode calls it `global_batch_size` in older trees; both mean examples per update.
-        per_update = getattr(self.mode, "examples_per_step", None) or self.mode.global_batch_size
+        per_update = self.mode.examples_per_step
         self.updates_per_step = setting.global_batch_size // per_update
         self.examples_per_update = per_update
         self.summaries = Summaries(model_dir) if side.histogram_every_steps else None
@@ -78,13 +75,11 @@ class TowerflowSide:
         if self.progress is not None:
             self.progress.window_started(int(self.mode.global_step.numpy()))
             should_stop = self._tick
-        metrics = self.mode.train_steps(updates, want_gradients=self.summaries is not None, should_stop=should_stop)
-        gradients = metrics.pop("gradients", None)
-        for value in metrics.values():
-            np.asarray(value)  # waits for the device, as the loop does
+        # The result holds host values: the window's last step has run, as for the loop.
+        result = self.mode.train_steps(updates, want_gradients=self.summaries is not None, should_stop=should_stop)
         if self.summaries is not None:
             step = int(self.mode.global_step.numpy())
-            self.summaries.histograms(step, self.histogram_args[0], gradients, self.histogram_args[1])
+            self.summaries.histograms(step, self.histogram_args[0], result.gradients, self.histogram_args[1])
         return time.perf_counter() - start, updates * self.examples_per_update
 
     def _tick(self) -> bool:
@@ -94,9 +89,7 @@ class TowerflowSide:
     def close(self) -> None:
         if self.progress is not None:
             self._devnull.close()
-        close = getattr(self.mode, "close", None)  # the async mode stops its tower threads
-        if close is not None:
-            close()
+        self.mode.close()  # the async mode stops its tower threads
         if self.summaries is not None:
             self.summaries.close()
 

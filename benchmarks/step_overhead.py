@@ -55,7 +55,7 @@ def _loops(steps: int) -> dict:
         config = dataclasses.replace(config, loop=dataclasses.replace(config.loop, steps_per_call=steps_per_call))
         dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
         mode = build(config, train_dataset=dataset).mode
-        loops[name] = lambda mode=mode: timed(lambda: mode.train_steps(steps)["loss"])
+        loops[name] = lambda mode=mode: timed(lambda: mode.train_steps(steps).loss)
     return loops
 
 

@@ -72,19 +72,17 @@ def _trainer_flags(trainer_args: list[str], num_tasks: int = 1):
       sbatch.SpecError: an unknown flag or a bad value, with the trainer's message.
     """
     from absl import flags  # noqa: PLC0415
-    from trainer.step.modes import mode_for  # noqa: PLC0415
 
     from trainer.settings import config as cfg  # noqa: PLC0415
     from trainer.settings import flags as trainer_flags  # noqa: PLC0415
-    from trainer.settings.resolve import resolve  # noqa: PLC0415
+    from trainer.step import modes  # noqa: PLC0415
 
     trainer_flags.define_flags()  # on absl's global FLAGS, as `python -m trainer` does (idempotent)
     values = flags.FLAGS
     values.unparse_flags()  # forget an earlier parse in this process (tests call main() repeatedly)
     try:
         values(["trainer", *trainer_args])
-        config = resolve(trainer_flags.config_from_flags(values), num_tasks=num_tasks)
-        mode_for(config.towers.update_mode).check(config)
+        modes.settle(trainer_flags.config_from_flags(values), num_tasks=num_tasks)
     except (flags.Error, cfg.ConfigError) as e:
         raise sbatch.SpecError(f"trainer flags: {e}") from e
     return values

@@ -59,9 +59,9 @@ def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
     optimizer.build(model.trainable_variables)
     update = SyncUpdate(model, optimizer, placement, micro_batches, step, _streams(features, labels, micro_batches))
     before = [v.numpy() for v in model.trainable_variables]
-    metrics = update.train_steps(1)
+    result = update.train_steps(1)
     plain_loss = _plain_sgd_step(reference, features, labels, 0.1, micro_batches)
-    assert float(metrics["loss"]) == pytest.approx(plain_loss, rel=1e-5)
+    assert result.loss == pytest.approx(plain_loss, rel=1e-5)
     for ours, theirs, old in zip(model.trainable_variables, reference.trainable_variables, before, strict=True):
         np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5, rtol=1e-5)
         assert not np.array_equal(ours.numpy(), old)  # the step moved every variable

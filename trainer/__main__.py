@@ -25,8 +25,7 @@ from launch import cluster  # noqa: E402
 from trainer import cli  # noqa: E402
 from trainer.settings import config as cfg  # noqa: E402
 from trainer.settings import flags as tf_flags  # noqa: E402
-from trainer.settings.resolve import resolve  # noqa: E402
-from trainer.step.modes import mode_for  # noqa: E402
+from trainer.step import modes  # noqa: E402
 from trainer.system import console, runtime, versions  # noqa: E402
 
 tf_flags.define_flags()
@@ -46,8 +45,7 @@ def _main(argv: list[str]) -> int:
     try:
         config = tf_flags.config_from_flags(FLAGS)
         tasks = cluster.resolve_cluster(os.environ, config.cluster.port)
-        config = resolve(config, num_tasks=tasks.num_tasks)
-        mode_for(config.towers.update_mode).check(config)
+        config = modes.settle(config, num_tasks=tasks.num_tasks)
     except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE

@@ -12,11 +12,11 @@ import os
 import sys
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from trainer.outputs import progress as progress_lib
 from trainer.settings.config import LoopConfig
+from trainer.step.updater import Updater
 from trainer.system import stop as stop_lib
 
 
@@ -62,9 +62,7 @@ class Loop:
     """Drives an update mode to `config.train_steps`.
 
     Args:
-      mode: has `train_steps(n, want_gradients, should_stop) -> dict` (`steps` run, then tensors),
-        `interrupt()` (thread-safe: end the call in progress after its step), `global_step`,
-        `examples_per_step`.
+      mode: the update mode's `trainer.step.updater.Updater`.
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.
@@ -83,7 +81,7 @@ class Loop:
 
     def __init__(
         self,
-        mode,
+        mode: Updater,
         config: LoopConfig,
         evaluator,
         checkpointer,
@@ -119,9 +117,8 @@ class Loop:
         self._windows = 0  # windows run since this start
         self.progress = None
         if progress_lib.live_progress() if live_progress is None else live_progress:
-            latest = lambda: getattr(mode, "latest_loss", None)  # noqa: E731
             self.progress = progress_lib.ProgressLine(
-                sys.stdout, config.train_steps, self.examples_per_step, mode.global_step, latest
+                sys.stdout, config.train_steps, self.examples_per_step, mode.global_step, lambda: mode.latest_loss
             )
 
     def run(self) -> dict:
@@ -194,27 +191,23 @@ class Loop:
         if self.progress is not None:
             self.progress.window_started(step)
         start = time.perf_counter()
-        metrics = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
-        ran = metrics.pop("steps")
-        gradients = metrics.pop("gradients", None)
-        staleness = metrics.pop("staleness", None)
-        traced_steps, traced_sec = metrics.pop("traced_steps", 0), metrics.pop("traced_sec", 0.0)
-        values = {k: np.asarray(v).tolist() for k, v in metrics.items()}  # waits for the device
+        result = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
+        ran = result.steps
         seconds = time.perf_counter() - start
         self._windows += 1
         if ran == 0:
             return 0
-        rate = ((ran - traced_steps) * self.examples_per_step, seconds - traced_sec)
+        rate = ((ran - result.traced_steps) * self.examples_per_step, seconds - result.traced_sec)
         self.throughput.add(*rate)  # leaves the first window of a start out
         if ran < n:
             return ran
         # The first window of a start holds warm-up the mode cannot time: no rate from it.
-        self.interval.add(n, values, seconds, *(rate if self._windows > 1 else (0, 0.0)))
-        if staleness is not None:
-            self.interval.staleness.extend(np.asarray(staleness).tolist())
-            self.summaries.staleness(step + n, staleness)
-        if gradients is not None:
-            self.summaries.histograms(step + n, self.histogram_tags, gradients, self.histogram_variables)
+        self.interval.add(n, result.scalars(), seconds, *(rate if self._windows > 1 else (0, 0.0)))
+        if result.staleness:
+            self.interval.staleness.extend(result.staleness)
+            self.summaries.staleness(step + n, result.staleness)
+        if result.gradients is not None:
+            self.summaries.histograms(step + n, self.histogram_tags, result.gradients, self.histogram_variables)
         return n
 
     def _after_step(self) -> bool:

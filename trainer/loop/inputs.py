@@ -18,7 +18,8 @@ import tensorflow as tf
 import data
 from trainer.settings.config import ConfigError, DataConfig, RunConfig
 from trainer.settings.preprocess import DataSettings, format_bytes
-from trainer.system.devices import Placement, tower_of_micro_batch
+from trainer.step.modes import mode_for
+from trainer.system.devices import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,12 +180,8 @@ def train_iterators(
     `train_dataset` (benchmarks) replaces the records: it must yield micro-batches and is iterated per stream.
     """
     t = config.towers
-    num_towers = len(placement.towers)
-    if t.update_mode == "async":
-        hosts = [placement.host_of(i) for i in range(num_towers)]
-    else:
-        k = t.num_micro_batches
-        hosts = [placement.host_of(tower_of_micro_batch(j, k, num_towers)) for j in range(k)]
+    towers = mode_for(t.update_mode).stream_towers(config, len(placement.towers))
+    hosts = [placement.host_of(tower) for tower in towers]
     if train_dataset is not None:  # no positions: restarts from its beginning
         return [PlacedIterator(train_dataset, host) for host in hosts]
     iterators = []

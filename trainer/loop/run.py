@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import time
 
@@ -28,15 +27,12 @@ from trainer.outputs.export import Serving, export_saved_model
 from trainer.outputs.summaries import Summaries, purge_events, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.settings.resolve import resolve
-from trainer.step import optim, spread, towers
-from trainer.step.asynchronous import AsyncUpdate
+from trainer.step import modes, spread, towers
+from trainer.step.modes import mode_for
 from trainer.step.staleness import TowerFailed
-from trainer.step.sync import SyncUpdate
+from trainer.step.updater import Updater
 from trainer.system import determinism, devices, distributed, runtime
 from trainer.system import stop as stop_lib
-
-log = logging.getLogger("towerflow")
 
 
 def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=None) -> dict:
@@ -56,7 +52,7 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
       trainer.system.distributed.WorkerLost: a worker task died or never started; the message names it.
     """
     stop = stop or stop_lib.REQUEST
-    config = resolve(config)
+    config = modes.settle(config)
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
         rundir.check_resume(config, config.loop.allow_flag_changes, log=_log_line)
@@ -202,7 +198,7 @@ class Trainer:
     optimizer: keras.optimizers.Optimizer
     global_step: tf.Variable
     iterators: list
-    mode: SyncUpdate | AsyncUpdate
+    mode: Updater  # the update mode's stepper (`trainer.step.modes`)
     evaluator: Evaluator
     checkpointer: Checkpointer
     inputs: Inputs | None = None
@@ -223,7 +219,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
       ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
         what to change.
     """
-    config = resolve(config)
+    config = modes.settle(config)
     runtime.apply(config.runtime, config.deterministic)  # threads and GPU memory: before the devices initialise
     placement = devices.resolve(config.towers)
     determinism.configure(config.seed, config.deterministic)
@@ -237,7 +233,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
     iterators = train_iterators(config, placement, inputs, train_dataset, bad_records, settings)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
-    mode = _make_mode(config, model, optimizer, placement, global_step, iterators)
+    mode = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)
     positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,
@@ -278,7 +274,7 @@ def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, i
     with tf.device(placement.parameter_device):
         model = _build_placed_model(config, placement, inputs)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        optimizer = _make_optimizer(config, global_step)
+        optimizer = mode_for(config.towers.update_mode).make_optimizer(config, global_step)
         if config.towers.mixed_precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
@@ -293,53 +289,6 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, inputs:
     if not placement.spread_over:
         return build_fn()
     return spread.build_spread(build_fn, placement.spread_over, reseed=lambda: keras.utils.set_random_seed(config.seed))
-
-
-def _make_optimizer(config: RunConfig, global_step: tf.Variable):
-    """Async mode scales each update's learning rate by 1/K (K updates ~ one sync step) and lowers the
-    explicit momentum by what asynchrony adds (`optim.async_momentum`)."""
-    t = config.towers
-    if t.update_mode != "async":
-        return optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
-    momentum = optim.async_momentum(config.optimizer.momentum, t.total_towers)
-    if config.optimizer.name == "momentum":
-        log.warning(
-            "async: explicit momentum %.3g instead of %.3g (N=%d towers add implicit momentum)",
-            momentum,
-            config.optimizer.momentum,
-            t.total_towers,
-        )
-    return optim.make_optimizer(
-        config.optimizer, config.loop.train_steps, global_step, lr_scale=1.0 / t.num_micro_batches, momentum=momentum
-    )
-
-
-def _make_mode(config: RunConfig, model, optimizer, placement, global_step, iterators):
-    t = config.towers
-    clip = config.optimizer.clip_global_norm
-    if t.update_mode == "async":
-        return AsyncUpdate(
-            model,
-            optimizer,
-            placement,
-            global_step,
-            iterators,
-            max_staleness=t.max_staleness,
-            clip_global_norm=clip,
-            jit_compile=t.jit_compile,
-        )
-    return SyncUpdate(
-        model,
-        optimizer,
-        placement,
-        t.num_micro_batches,
-        global_step,
-        iterators,
-        clip_global_norm=clip,
-        jit_compile=t.jit_compile,
-        steps_per_call=config.loop.steps_per_call,
-        profile_steps=config.loop.profile_steps,
-    )
 
 
 _POLICIES = {"": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}

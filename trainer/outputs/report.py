@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from trainer.step import spread
+from trainer.step.modes import mode_for
 from trainer.system import files, runtime, versions
 
 
@@ -89,12 +90,5 @@ def final_metrics(config, state, results: dict, examples_per_sec: float | None, 
         "versions": versions.describe(),
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
     }
-    staleness = getattr(state.mode, "staleness_all", None)
-    if staleness:  # async: over every update of this process (a resumed run counts from its restart)
-        metrics.update(
-            staleness_mean=float(np.mean(staleness)),
-            staleness_max=int(np.max(staleness)),
-            staleness_updates=len(staleness),
-            max_staleness=t.max_staleness,
-        )
+    metrics.update(mode_for(t.update_mode).run_metrics(config, state.mode))  # async: staleness
     return metrics

@@ -29,6 +29,7 @@ from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from trainer.settings import config as cfg
+from trainer.step.modes import mode_for
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
 # Records a run writes anew at every start; a resume drops the old ones.
@@ -190,8 +191,7 @@ def run_hparams(config: cfg.RunConfig) -> dict:
     if o.schedule == "piecewise":
         values["lr_boundaries"] = ",".join(str(b) for b in o.boundaries)
         values["lr_values"] = ",".join(str(v) for v in o.values)
-    if t.update_mode == "async":
-        values["max_staleness"] = t.max_staleness
+    values.update(mode_for(t.update_mode).hparams(config))
     return values
 
 

@@ -19,11 +19,12 @@ import tensorflow as tf
 from trainer.step import spread
 from trainer.step import towers as tw
 from trainer.step.staleness import Gate, Stopped, TowerFailed
+from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement
 from trainer.system.stop import Diverged
 
 
-class AsyncUpdate:
+class AsyncUpdate(Updater):
     """The async update mode: `train_steps(n)` lets the towers apply exactly n updates, then returns with
     every tower paused at a step boundary (so a checkpoint or eval sees a consistent snapshot).
 
@@ -62,14 +63,14 @@ class AsyncUpdate:
         self._records: list[tuple] = []  # (step after apply, loss, correct, staleness, grad norm) of the window
         self._tower_sec = [[] for _ in placement.towers]
         self._last_apply: dict = {}
-        self.staleness_all: list[int] = []
-        self.latest_loss: float | None = None  # of the last update, for the live progress line
+        self._staleness_all: list[int] = []
+        self._latest_loss: float | None = None  # of the last update, for the live progress line
         self._threads: list[threading.Thread] = []
 
-    def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
+    def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Applies exactly `num_steps` updates over all towers, or fewer when `should_stop()` turns true
-        (then the updates in flight land and no other starts); returns `steps` (how many were applied) and
-        the window's metrics (numpy).
+        (then the updates in flight land and no other starts); returns how many were applied and the
+        window's metrics. Tracing is not timed apart (each tower traces in its own thread).
 
         Raises:
           TowerFailed: a tower raised; names the tower. Every tower is stopped first.
@@ -86,21 +87,27 @@ class AsyncUpdate:
             raise
         records = sorted(self._records)  # by step: a fixed order for the sums below
         if len(records) < num_steps:
-            return {"steps": len(records)}  # cut short by a stop request: the run checkpoints and ends
-        staleness = np.array([r[3] for r in records], np.int64)
-        self.staleness_all.extend(staleness.tolist())
-        metrics = {
-            "steps": num_steps,
-            "loss": float(np.mean([r[1] for r in records])),
-            "accuracy": float(np.sum([r[2] for r in records])) / (num_steps * self.examples_per_step),
-            "learning_rate": float(self._last_apply["learning_rate"]),
-            "grad_norm": float(np.mean([r[4] for r in records])),
-            "tower_step_sec": [float(np.mean(s)) if s else 0.0 for s in self._tower_sec],
-            "staleness": staleness,
-        }
-        if want_gradients:
-            metrics["gradients"] = self._last_apply["gradients"]
-        return metrics
+            return StepResult(len(records))  # cut short by a stop request: the run checkpoints and ends
+        staleness = [r[3] for r in records]
+        self._staleness_all.extend(staleness)
+        return StepResult(
+            num_steps,
+            loss=float(np.mean([r[1] for r in records])),
+            accuracy=float(np.sum([r[2] for r in records])) / (num_steps * self.examples_per_step),
+            grad_norm=float(np.mean([r[4] for r in records])),
+            learning_rate=float(self._last_apply["learning_rate"]),
+            tower_step_sec=[float(np.mean(s)) if s else 0.0 for s in self._tower_sec],
+            staleness=staleness,
+            gradients=self._last_apply["gradients"] if want_gradients else None,
+        )
+
+    @property
+    def latest_loss(self) -> float | None:
+        return self._latest_loss
+
+    @property
+    def staleness_all(self) -> list[int]:
+        return self._staleness_all
 
     def interrupt(self) -> None:
         """Nothing to do: `train_steps` waits for its window in Python, where a stop signal's handler runs at
@@ -139,7 +146,7 @@ class AsyncUpdate:
                     staleness = int(applied["step"]) - int(read_step) - 1
                     record = (int(applied["step"]), float(result.loss), int(result.correct), staleness)
                     self._records.append((*record, float(applied["grad_norm"])))
-                    self.latest_loss = record[1]
+                    self._latest_loss = record[1]
                 self.gate.finish(ticket)
         except Stopped:
             return

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from trainer.step import spread
 from trainer.step import towers as tw
 from trainer.step.calls import CallSize
+from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement, tower_of_micro_batch
 from trainer.system.stop import Diverged
 
@@ -25,7 +27,7 @@ def _now():
     return tf.py_function(time.perf_counter, [], tf.float64)
 
 
-class SyncUpdate:
+class SyncUpdate(Updater):
     """The sync update mode. `train_steps(n)` runs n global steps and returns their metrics.
 
     Args:
@@ -79,14 +81,14 @@ class SyncUpdate:
         self._calls = CallSize(steps_per_call, profile_steps)
         with tf.device(placement.host):  # read by the in-graph loop before every step
             self._interrupted = tf.Variable(False, trainable=False, name="interrupted")
-        self.latest_loss = None  # the last step's loss (a tensor), for the live progress line
+        self._latest_loss = None  # the last step's loss (a tensor): read on the host only when asked
         self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
 
-    def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> dict:
+    def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true or `interrupt()` is called.
-        Returns `steps` (how many ran), `traced_steps` and `traced_sec` (steps that traced a graph, and their
-        wall time), and tensors: the mean loss, accuracy and gradient norm over the steps and, when all ran,
-        the last step's learning rate and per-tower times (and averaged gradients if asked).
+        Returns how many ran, the steps that traced a graph and their wall time and, when all ran, the mean
+        loss, accuracy and gradient norm over the steps, the last step's learning rate and per-tower times
+        (read on the host once, at the end) and its averaged gradients if asked.
 
         The first n-1 steps run in calls of several steps each (an in-graph loop, `steps_per_call`), which
         stop after the step in progress when interrupted; `should_stop` is asked after every call. The last
@@ -100,15 +102,25 @@ class SyncUpdate:
             ran, totals = self._lean_call(num_steps - 1 - done, totals, traced)
             done += ran
             if (should_stop is not None and should_stop()) or self._interrupted.numpy():
-                return {"steps": done, **traced}  # a cut window: nothing to report, the run checkpoints next
+                return StepResult(done, **traced)  # a cut window: nothing to report, the run checkpoints next
         metrics = self._timed(self._step_fn, 1, traced, report=True, want_gradients=want_gradients)
-        self._raise_if_diverged(metrics.pop("finite"), metrics.pop("step"), metrics.pop("bad_micro_batch"))
-        self.latest_loss = metrics["loss"]
+        self._raise_if_diverged(metrics["finite"], metrics["step"], metrics["bad_micro_batch"])
+        self._latest_loss = metrics["loss"]
         steps = done + 1
-        metrics["loss"] = (totals[0] + metrics["loss"]) / steps
-        metrics["accuracy"] = tf.cast(totals[1] + metrics.pop("correct"), tf.float32) / (steps * self.examples_per_step)
-        metrics["grad_norm"] = (totals[2] + metrics["grad_norm"]) / steps
-        return {"steps": steps, **traced, **metrics}
+        return StepResult(
+            steps,
+            **traced,
+            loss=_host((totals[0] + metrics["loss"]) / steps),
+            accuracy=_host(tf.cast(totals[1] + metrics["correct"], tf.float32) / (steps * self.examples_per_step)),
+            grad_norm=_host((totals[2] + metrics["grad_norm"]) / steps),
+            learning_rate=_host(metrics["learning_rate"]),
+            tower_step_sec=_host(metrics["tower_step_sec"]),
+            gradients=metrics.get("gradients"),
+        )
+
+    @property
+    def latest_loss(self) -> float | None:
+        return None if self._latest_loss is None else float(self._latest_loss)
 
     def interrupt(self) -> None:
         """Ends the call in progress after its current step (thread-safe; `trainer.system.stop` calls it from its
@@ -132,7 +144,7 @@ class SyncUpdate:
             self._calls.ran(ran, time.perf_counter() - start)
         self._step_number += ran - num_steps  # fewer than asked: interrupted or not finite
         self._raise_if_diverged(finite, step, bad)
-        self.latest_loss = last_loss
+        self._latest_loss = last_loss
         return ran, totals
 
     def _timed(self, function, num_steps: int, traced: dict, *args, **kwargs):
@@ -232,3 +244,8 @@ class SyncUpdate:
         )
         bad = tw.first_non_finite([r.loss for r in results])
         return {"loss": loss, "correct": correct, "bad_micro_batch": bad, **applied}
+
+
+def _host(value):
+    """A tensor's value as Python numbers (a float, or a list of floats), as the loop logs it."""
+    return np.asarray(value).tolist()

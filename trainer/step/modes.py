@@ -1,0 +1,189 @@
+"""The update modes: what differs between sync and async, in one place. A third mode implements `UpdateMode`
+(and an `trainer.step.updater.Updater`) and registers in `MODES`; nothing else branches on --update_mode.
+
+No TensorFlow import at module level: the entry point checks settings (`UpdateMode.check`) before TensorFlow
+is imported, which takes seconds. The steppers (`trainer.step.sync`, `trainer.step.asynchronous`) are imported
+by `build`.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+
+from trainer.settings.config import ConfigError, RunConfig
+from trainer.settings.resolve import resolve
+from trainer.step.updater import Updater
+
+log = logging.getLogger("towerflow")
+
+
+class UpdateMode(abc.ABC):
+    """One --update_mode: its checks, input layout, optimizer, what it records, and its `Updater`."""
+
+    name: str
+    # Settings (as `trainer.settings.config.flatten` names them) a resume may change in this mode, beyond the
+    # flag table's FREE ones (`trainer.settings.table`).
+    resume_may_change: frozenset[str] = frozenset()
+
+    def check(self, config: RunConfig) -> None:
+        """Raises ConfigError, naming the flags and what to change, for settings this mode cannot run."""
+        return  # a mode without restrictions
+
+    @abc.abstractmethod
+    def stream_towers(self, config: RunConfig, num_towers: int) -> list[int]:
+        """The tower of each training input stream, in stream order (each stream is read on its tower's host)."""
+
+    def make_optimizer(self, config: RunConfig, global_step):
+        """The optimizer, its learning rate a function of `global_step` (`trainer.step.optim.make_optimizer`)."""
+        from trainer.step import optim
+
+        return optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
+
+    def hparams(self, config: RunConfig) -> dict:
+        """The HParams this mode adds to `trainer.outputs.summaries.run_hparams`."""
+        return {}
+
+    def run_metrics(self, config: RunConfig, updater: Updater) -> dict:
+        """What this mode adds to metrics.json, over the run of `updater`."""
+        return {}
+
+    @abc.abstractmethod
+    def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+        """The stepper: `iterators` are the streams `stream_towers` laid out."""
+
+
+class SyncMode(UpdateMode):
+    """K micro-batches per step, their gradients averaged in a fixed order, one update (`trainer.step.sync`)."""
+
+    name = "sync"
+    # With K fixed, the towers (on one machine or several) do not change the sync result.
+    resume_may_change = frozenset({"towers.num_towers", "towers.num_tasks"})
+
+    def stream_towers(self, config: RunConfig, num_towers: int) -> list[int]:
+        from trainer.system.devices import tower_of_micro_batch
+
+        k = config.towers.num_micro_batches
+        return [tower_of_micro_batch(j, k, num_towers) for j in range(k)]
+
+    def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+        from trainer.step.sync import SyncUpdate
+
+        return SyncUpdate(
+            model,
+            optimizer,
+            placement,
+            config.towers.num_micro_batches,
+            global_step,
+            iterators,
+            clip_global_norm=config.optimizer.clip_global_norm,
+            jit_compile=config.towers.jit_compile,
+            steps_per_call=config.loop.steps_per_call,
+            profile_steps=config.loop.profile_steps,
+        )
+
+
+class AsyncMode(UpdateMode):
+    """Every tower updates on its own, one micro-batch per update (`trainer.step.asynchronous`)."""
+
+    name = "async"
+
+    def check(self, config: RunConfig) -> None:
+        if config.deterministic:
+            raise ConfigError(
+                "--update_mode=async cannot be --deterministic: async updates land in thread-timing order. "
+                "Use --update_mode=sync for bitwise reproducible training."
+            )
+        if config.towers.mixed_precision == "fp16":
+            raise ConfigError(
+                "--mixed_precision=fp16 cannot be --update_mode=async: a gradient in flight would be unscaled with "
+                "the loss scale of the moment it lands, not the one it was computed with (2x or 0.5x updates). Use "
+                "--mixed_precision=bf16 (no loss scaling) with async, or sync with fp16."
+            )
+        if config.loop.steps_per_call:
+            raise ConfigError(
+                f"--steps_per_call ({config.loop.steps_per_call}) is for --update_mode=sync: async towers apply one "
+                "update per call each, in their own threads. Leave it at 0 with async."
+            )
+
+    def stream_towers(self, config: RunConfig, num_towers: int) -> list[int]:
+        return list(range(num_towers))
+
+    def make_optimizer(self, config: RunConfig, global_step):
+        """Scales each update's learning rate by 1/K (K updates ~ one sync step) and lowers the explicit
+        momentum by what asynchrony adds (`optim.async_momentum`)."""
+        from trainer.step import optim
+
+        t = config.towers
+        momentum = optim.async_momentum(config.optimizer.momentum, t.total_towers)
+        if config.optimizer.name == "momentum":
+            log.warning(
+                "async: explicit momentum %.3g instead of %.3g (N=%d towers add implicit momentum)",
+                momentum,
+                config.optimizer.momentum,
+                t.total_towers,
+            )
+        return optim.make_optimizer(
+            config.optimizer,
+            config.loop.train_steps,
+            global_step,
+            lr_scale=1.0 / t.num_micro_batches,
+            momentum=momentum,
+        )
+
+    def hparams(self, config: RunConfig) -> dict:
+        return {"max_staleness": config.towers.max_staleness}
+
+    def run_metrics(self, config: RunConfig, updater: Updater) -> dict:
+        """Staleness over every update of this process (a resumed run counts from its restart)."""
+        staleness = updater.staleness_all
+        if not staleness:
+            return {}
+        return {
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": max(staleness),
+            "staleness_updates": len(staleness),
+            "max_staleness": config.towers.max_staleness,
+        }
+
+    def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+        from trainer.step.asynchronous import AsyncUpdate
+
+        return AsyncUpdate(
+            model,
+            optimizer,
+            placement,
+            global_step,
+            iterators,
+            max_staleness=config.towers.max_staleness,
+            clip_global_norm=config.optimizer.clip_global_norm,
+            jit_compile=config.towers.jit_compile,
+        )
+
+
+MODES: dict[str, UpdateMode] = {mode.name: mode for mode in (SyncMode(), AsyncMode())}
+
+
+def mode_for(name: str) -> UpdateMode:
+    """The mode of `--update_mode=name`.
+
+    Raises:
+      ConfigError: no such mode; names the flag and the modes there are.
+    """
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ConfigError(f"--update_mode ({name!r}) must be one of {tuple(MODES)}") from None
+
+
+def settle(config: RunConfig, num_tasks: int | None = None) -> RunConfig:
+    """The settings a run goes with: `trainer.settings.resolve.resolve` (validated, what the settings alone
+    decide decided), then its update mode's own `check`. Every entry point calls it (`python -m trainer`,
+    `launch.slurm`'s pre-check, `train` and `build`); settling settled settings changes nothing.
+
+    Raises:
+      ConfigError: naming the flag and what to change.
+    """
+    config = resolve(config, num_tasks)
+    mode_for(config.towers.update_mode).check(config)
+    return config
