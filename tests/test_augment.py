@@ -12,7 +12,7 @@ from _data_helpers import _images
 
 import data
 from data import augment
-from trainer.loop.controller import inputs as inputs_lib
+from trainer.loop import inputs as inputs_lib
 from trainer.settings import config as cfg
 from trainer.settings import preprocess as data_settings
 

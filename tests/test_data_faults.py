@@ -16,7 +16,7 @@ import tensorflow as tf
 from _data_helpers import _collect, _images, _write_ids
 
 import data
-from trainer.loop.controller import run
+from trainer.loop import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

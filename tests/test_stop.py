@@ -13,7 +13,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from trainer.loop.controller import run as run_lib
+from trainer.loop import run as run_lib
 from trainer.loop.evaluate import Evaluator
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.system import stop as stop_lib
