@@ -45,6 +45,7 @@ def test_keras_assign_add_loses_increments_but_tf_variable_does_not():
     assert hammer(keras.Variable(0, dtype="int64")) < 4000  # measured: ~40% survive
 
 
+@pytest.mark.quick
 def test_step_count_equals_applied_updates_and_staleness_is_reported(make_config, tmp_path):
     metrics = train(_async(make_config, num_towers=4, log_every_steps=20, histogram_every_steps=20))
     assert metrics["global_step"] == 40
@@ -93,12 +94,14 @@ def test_a_failing_tower_ends_the_run_with_its_number(make_config):
     assert all(not t.is_alive() for t in threading.enumerate() if t.name.startswith("tower-"))
 
 
+@pytest.mark.quick
 def test_deterministic_async_is_refused():
     config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), deterministic=True)
     with pytest.raises(cfg.ConfigError, match="--update_mode=async cannot be --deterministic"):
         cfg.validate(config)
 
 
+@pytest.mark.quick
 def test_fp16_async_is_refused():
     config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", mixed_precision="fp16"))
     with pytest.raises(cfg.ConfigError, match="--mixed_precision=fp16 cannot be --update_mode=async: a gradient"):
@@ -142,6 +145,7 @@ def _towers(gate, loop, count):
     return threads, errors
 
 
+@pytest.mark.quick
 def test_gate_lock_step_runs_one_tower_at_a_time():
     gate, active, peak, order = Gate(max_staleness=0), [0], [0], []
     lock = threading.Lock()
@@ -169,6 +173,7 @@ def test_gate_lock_step_runs_one_tower_at_a_time():
     assert peak[0] == 1 and order == list(range(30))
 
 
+@pytest.mark.quick
 def test_gate_window_applies_exactly_its_budget():
     gate, done = Gate(), []
 

@@ -8,6 +8,8 @@ import pytest
 
 from trainer.settings import config as cfg
 
+pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -16,6 +16,8 @@ from _data_helpers import _collect, _count_records
 import data
 from data import digits, prepare, synthetic
 
+pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
+
 # Digits and `python -m data.prepare`.
 
 

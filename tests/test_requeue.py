@@ -16,6 +16,7 @@ from trainer.system import stop as stop_lib
 JOB = SlurmJob("101")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "job, previous, steps_left, trained, while_training, expected",
     [
@@ -33,6 +34,7 @@ def test_decide(job, previous, steps_left, trained, while_training, expected):
     assert decision.requeue == expected[0] and expected[1] in decision.reason
 
 
+@pytest.mark.quick
 def test_slurm_job_from_environment_and_array_target():
     assert slurm_job({}) is None
     job = slurm_job(
@@ -106,6 +108,7 @@ def test_time_limit_warning_requeues_the_array_task_until_max_requeues(make_conf
     assert finished["examples_per_sec"] == pytest.approx(2176 / seconds)  # over every attempt, not the last
 
 
+@pytest.mark.quick
 def test_examples_per_sec_is_over_every_attempt(tmp_path):
     """Examples and seconds are summed over the attempts: 4,000 examples in 7 s, not the mean of 1,000/s and
     500/s, nor the last attempt's 500/s."""
@@ -124,6 +127,7 @@ def test_examples_per_sec_is_over_every_attempt(tmp_path):
     assert [a["examples_per_sec"] for a in log.summary()] == [1000.0, 500.0]
 
 
+@pytest.mark.quick
 def test_preemption_is_left_to_slurm(make_config, tmp_path, fake_slurm):
     with pytest.raises(stop_lib.StopRequested):
         train(make_config(loop={"train_steps": 40}), stop=StopAfterChecks(8, signal.SIGTERM))

@@ -118,6 +118,7 @@ def test_stop_lands_after_the_step_in_progress_not_after_the_window(
     assert latency_sec < 60  # a hang guard only: the steps above are what this test checks
 
 
+@pytest.mark.quick
 def test_a_signal_reaches_a_graph_loop_while_python_handlers_wait():
     """Python runs a signal's handler only when the TensorFlow call in progress returns; `notifying` calls
     back at once, so a loop inside one call stops after its current iteration. Iteration 50 of the loop sends
@@ -185,6 +186,7 @@ def test_signal_during_the_final_eval_finishes_the_run_with_its_checkpoint(make_
     assert metrics["attempts"][-1]["outcome"] == "finished"
 
 
+@pytest.mark.quick
 def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monkeypatch):
     original = Evaluator.evaluate
 
@@ -202,6 +204,7 @@ def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monk
     assert attempts[0]["outcome"].startswith("stopped by signal 12 at step 10; not requeued: not a Slurm job")
 
 
+@pytest.mark.quick
 def test_cli_signal_during_imports_exits_resumable(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "trainer", "--device=cpu", f"--model_dir={tmp_path}/run"],
