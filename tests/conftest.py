@@ -1,4 +1,5 @@
-"""Shared test setup: 4 logical CPU devices stand in for GPUs, and a per-session digits cache.
+"""Shared test setup: 4 logical CPU devices stand in for GPUs, a per-session digits cache (per xdist worker),
+and the tests marked slurm kept on one xdist worker.
 
 Logical devices can only be configured before TensorFlow initialises its devices, so this happens once,
 when pytest loads this file, before any test module runs an op.
@@ -21,6 +22,15 @@ def pytest_configure(config):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_DEVICES)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2`, with setup.cfg's `--dist loadgroup`), every test marked slurm runs on one
+    worker: they share the one local Slurm the session fixture `local_slurm` brings up and takes down."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session", autouse=True)

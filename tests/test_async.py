@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from trainer.loop.run import build, train
 from trainer.settings import config as cfg
-from trainer.step.staleness import Gate, TowerFailed
+from trainer.step.staleness import Gate, Stopped, TowerFailed
 from trainer.system.stop import StopRequested
 
 
@@ -45,6 +45,7 @@ def test_keras_assign_add_loses_increments_but_tf_variable_does_not():
     assert hammer(keras.Variable(0, dtype="int64")) < 4000  # measured: ~40% survive
 
 
+@pytest.mark.quick
 def test_step_count_equals_applied_updates_and_staleness_is_reported(make_config, tmp_path):
     metrics = train(_async(make_config, num_towers=4, log_every_steps=20, histogram_every_steps=20))
     assert metrics["global_step"] == 40
@@ -93,12 +94,14 @@ def test_a_failing_tower_ends_the_run_with_its_number(make_config):
     assert all(not t.is_alive() for t in threading.enumerate() if t.name.startswith("tower-"))
 
 
+@pytest.mark.quick
 def test_deterministic_async_is_refused():
     config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), deterministic=True)
     with pytest.raises(cfg.ConfigError, match="--update_mode=async cannot be --deterministic"):
         cfg.validate(config)
 
 
+@pytest.mark.quick
 def test_fp16_async_is_refused():
     config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", mixed_precision="fp16"))
     with pytest.raises(cfg.ConfigError, match="--mixed_precision=fp16 cannot be --update_mode=async: a gradient"):
@@ -121,53 +124,67 @@ def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config,
     assert resumed["global_step"] == stopped_at + 10
 
 
+def _towers(gate, loop, count):
+    """Starts `count` threads running `loop` until the gate raises Stopped. Any other exception is kept in
+    the thread's list of `errors` and fails the gate, so `wait_window` raises it instead of waiting forever
+    (an exception in a thread is otherwise only printed)."""
+    errors = [[] for _ in range(count)]
+
+    def run(i):
+        try:
+            loop()
+        except Stopped:
+            return
+        except BaseException as e:
+            errors[i].append(repr(e))
+            gate.fail(i, e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads, errors
+
+
+@pytest.mark.quick
 def test_gate_lock_step_runs_one_tower_at_a_time():
     gate, active, peak, order = Gate(max_staleness=0), [0], [0], []
     lock = threading.Lock()
 
-    def tower(i):
-        try:
-            while True:
-                ticket = gate.start()
-                with lock:
-                    active[0] += 1
-                    peak[0] = max(peak[0], active[0])
-                time.sleep(0.001)
-                gate.wait_turn(ticket)
-                with lock:
-                    active[0] -= 1
-                    order.append(ticket)
-                gate.finish(ticket)
-        except Exception:  # Stopped
-            return
+    def tower():
+        while True:
+            ticket = gate.start()
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            time.sleep(0.001)
+            gate.wait_turn(ticket)
+            with lock:
+                active[0] -= 1
+                order.append(ticket)
+            gate.finish(ticket)
 
-    threads = [threading.Thread(target=tower, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
+    threads, errors = _towers(gate, tower, 3)
     gate.open_window(30)
     gate.wait_window()
     gate.stop()
     for t in threads:
         t.join()
+    assert errors == [[], [], []]  # each tower left by Stopped, none by another error
     assert peak[0] == 1 and order == list(range(30))
 
 
+@pytest.mark.quick
 def test_gate_window_applies_exactly_its_budget():
     gate, done = Gate(), []
 
     def tower():
-        try:
-            while True:
-                ticket = gate.start()
-                gate.wait_turn(ticket)
-                done.append(ticket)
-                gate.finish(ticket)
-        except Exception:
-            return
+        while True:
+            ticket = gate.start()
+            gate.wait_turn(ticket)
+            done.append(ticket)
+            gate.finish(ticket)
 
-    threads = [threading.Thread(target=tower) for _ in range(4)]
-    for t in threads:
-        t.start()
+    threads, errors = _towers(gate, tower, 4)
     for window in (7, 1, 12):
         gate.open_window(window)
         gate.wait_window()
@@ -175,4 +192,5 @@ def test_gate_window_applies_exactly_its_budget():
     gate.stop()
     for t in threads:
         t.join()
+    assert errors == [[], [], [], []]
     assert sorted(done) == list(range(20)) and len(np.unique(done)) == 20

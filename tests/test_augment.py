@@ -72,15 +72,43 @@ def test_flip_is_the_image_or_its_mirror_and_keyed_on_position():
     assert all(np.array_equal(a, b) for a, b in zip(outputs, again, strict=True))
 
 
+def _crop_offset(out: np.ndarray, image: np.ndarray, pad: int) -> tuple[int, int]:
+    """The (y, x) at which `out` is a crop of `image` zero-padded by `pad` pixels; fails if it is none."""
+    padded = np.pad(image, [(pad, pad), (pad, pad), (0, 0)])
+    height, width = image.shape[:2]
+    offsets = [
+        (y, x)
+        for y in range(2 * pad + 1)
+        for x in range(2 * pad + 1)
+        if np.array_equal(padded[y : y + height, x : x + width], out)
+    ]
+    assert len(offsets) == 1, f"not one crop of the {pad}-pixel padded image: {offsets}"
+    return offsets[0]
+
+
 def test_crop_flip_pads_an_eighth_and_is_keyed_on_position():
-    image = tf.constant(np.arange(32 * 32, dtype=np.float32).reshape(32, 32, 1) + 1)
-    outputs = {augment.randomize(image, "crop_flip", _key(e, i)).numpy().tobytes() for e in range(2) for i in range(20)}
+    image = np.arange(32 * 32, dtype=np.float32).reshape(32, 32, 1) + 1  # every pixel unique, none 0
+    offsets = [_crop_offset(augment.pad_and_crop(tf.constant(image), _key(0, i)).numpy(), image, 4) for i in range(200)]
+    # 4 = 32/8 pixels of zeros on each side: every offset 0..8 on each axis occurs, none beyond
+    assert {y for y, _ in offsets} == set(range(9)) and {x for _, x in offsets} == set(range(9))
+    assert _crop_offset(augment.pad_and_crop(tf.constant(image), _key(0, 3)).numpy(), image, 4) == offsets[3]
+    digit = np.arange(64, dtype=np.float32).reshape(8, 8, 1) + 1
+    digit_offsets = {
+        _crop_offset(augment.pad_and_crop(tf.constant(digit), _key(0, i)).numpy(), digit, 1) for i in range(50)
+    }
+    assert {y for y, _ in digit_offsets} == {0, 1, 2}  # pad 1 on the 8x8 digits
+    # crop_flip: a crop, then the crop or its mirror; the same position gives the same image, epochs differ
+    for e in range(2):
+        for i in range(20):
+            out = augment.randomize(tf.constant(image), "crop_flip", _key(e, i)).numpy()
+            crop = augment.pad_and_crop(tf.constant(image), _key(e, i)).numpy()
+            assert np.array_equal(out, crop) or np.array_equal(out, crop[:, ::-1])
+    outputs = {
+        augment.randomize(tf.constant(image), "crop_flip", _key(e, i)).numpy().tobytes()
+        for e in range(2)
+        for i in range(20)
+    }
     assert len(outputs) > 30  # 81 offsets x 2 flips: different positions, different crops
-    out = augment.pad_and_crop(image, _key(0, 3)).numpy()
-    # The crop of the 4-pixel zero-padded image: zeros fill at most 4 rows and 4 columns.
-    assert out.shape == (32, 32, 1) and (out == 0).sum() <= 4 * 32 * 2
-    assert np.array_equal(out, augment.pad_and_crop(image, _key(0, 3)).numpy())
-    assert augment.pad_and_crop(tf.zeros([8, 8, 1]), _key(0, 0)).shape == (8, 8, 1)  # pad 1 on the digits
 
 
 def test_example_keys_match_example_key():

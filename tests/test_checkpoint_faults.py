@@ -307,15 +307,19 @@ def test_sigkill_while_saving_every_step_resumes_bitwise(tmp_path):
     reference = _run_trainer(tmp_path / "reference")
     rng = random.Random(20)
     run = tmp_path / "run"
-    recorded = []
+    trials = []
     for trial in range(5):
         step, unfinished = _kill_while_saving(run, rng.uniform(0.0, 0.03), tmp_path / f"trial{trial}.log")
         print(f"trial {trial}: killed with ckpt-{step} recorded; left unfinished: {unfinished}")
-        recorded.append(step)
+        # the kill leaves at most the files of the one save in progress, that of the step after the recorded one
+        assert all(name.startswith((f"ckpt-{step + 1}.", f"ckpt-{step + 1}_temp")) for name in unfinished), unfinished
+        trials.append((step, unfinished))
     metrics = _run_trainer(run)
     assert metrics["weights_sha256"] == reference["weights_sha256"] and metrics["global_step"] == 40
     resumed = [a["resumed_from_step"] for a in metrics["attempts"]]
     assert resumed[0] == 0 and len(resumed) == 6
-    for step, resumed_from in zip(recorded, resumed[1:], strict=True):
-        assert step <= resumed_from <= step + 1  # +1: saved whole, killed before the state file recorded it
-    assert _on_disk(run) == _files_of(38, 39, 40)
+    for (step, unfinished), resumed_from in zip(trials, resumed[1:], strict=True):
+        assert resumed_from in (step, step + 1)
+        if resumed_from == step + 1:  # saved whole (its index written), killed before the state file recorded it
+            assert f"ckpt-{step + 1}.index" in unfinished, (step, unfinished)
+    assert _on_disk(run) == _files_of(38, 39, 40)  # no leftover of any interrupted save

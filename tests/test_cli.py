@@ -84,6 +84,7 @@ def test_flagfile_reproduces_the_run(tmp_path):
     assert "resumed" in result.stdout and "step      10/10" in result.stdout, result.stdout
 
 
+@pytest.mark.quick
 def test_command_line_flags_win_over_flagfiles(tmp_path):
     tf_flags.define_flags()
     inner, outer = tmp_path / "inner.txt", tmp_path / "outer.txt"
@@ -95,6 +96,7 @@ def test_command_line_flags_win_over_flagfiles(tmp_path):
     assert cli.command_line(["prog", "-v", "2"], flags.FLAGS) == ["prog", "-v", "2"]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("arg", ["--help", "-h"])
 def test_help_lists_our_flags_by_topic(arg):
     out = _run(arg).stdout
@@ -109,6 +111,7 @@ def test_help_lists_our_flags_by_topic(arg):
     assert "--augment=" in out[out.index("\naugmentation:") : out.index("\nmodel:")]
 
 
+@pytest.mark.quick
 def test_helpfull_lists_absl_flags_too():
     out = _run("--helpfull").stdout
     assert "--[no]logtostderr" in out and "--num_gpus" in out
@@ -119,6 +122,7 @@ def _too_many_gpus(model_dir, *verbosity):
     return _run("--device=gpu", "--num_gpus=64", f"--model_dir={model_dir}", *verbosity, expect=2, native_env=True)
 
 
+@pytest.mark.quick
 def test_tensorflow_logs_are_quiet_but_our_errors_are_not(tmp_path):
     result = _too_many_gpus(tmp_path)
     assert "error: --num_gpus=64 asks for 64 GPU towers" in result.stderr

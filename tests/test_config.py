@@ -10,6 +10,8 @@ from trainer.step.modes import mode_for
 from trainer.settings import config as cfg
 from trainer.settings.resolve import resolve
 
+pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

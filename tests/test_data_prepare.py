@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ from _data_helpers import _collect, _count_records
 
 import data
 from data import digits, prepare, synthetic
+
+pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
 
 # Digits and `python -m data.prepare`.
 
@@ -42,11 +43,17 @@ def test_ensure_digits_builds_the_fixed_split(digits_globs):
 
 
 def test_ensure_digits_second_call_is_a_cache_hit(digits_globs, monkeypatch):
+    cache_dir = os.path.dirname(digits_globs[0])
+
+    def files():
+        return {name: os.stat(os.path.join(cache_dir, name)).st_mtime_ns for name in sorted(os.listdir(cache_dir))}
+
+    before = files()
     monkeypatch.setitem(sys.modules, "sklearn", None)  # any import of sklearn now raises ImportError
-    start = time.perf_counter()
-    assert data.ensure_digits(os.path.dirname(digits_globs[0])) == digits_globs
-    assert time.perf_counter() - start < 0.5
-    leftovers = [name for name in os.listdir(os.path.dirname(os.path.dirname(digits_globs[0]))) if "building" in name]
+    monkeypatch.setattr(digits, "write_digits", lambda out_dir: pytest.fail(f"rebuilt the cache in {out_dir}"))
+    assert data.ensure_digits(cache_dir) == digits_globs
+    assert files() == before and len(before) == 7  # 4 train shards, 1 eval, info.json, README.txt: as they were
+    leftovers = [name for name in os.listdir(os.path.dirname(cache_dir)) if "building" in name]
     assert leftovers == []
 
 
@@ -86,7 +93,8 @@ def test_prepare_digits(tmp_path, capsys):
     assert f"--train_data={tmp_path}/train-*-of-00004" in capsys.readouterr().out
     info = _read_info(tmp_path)
     assert (info["schema"], info["shape"], info["num_classes"]) == ("image", [8, 8, 1], 10)
-    assert info["counts"] == {"train": _count_records(str(tmp_path / "train-*")), "eval": 360}
+    assert info["counts"] == {"train": 1437, "eval": 360}
+    assert (_count_records(str(tmp_path / "train-*")), _count_records(str(tmp_path / "eval-*"))) == (1437, 360)
 
 
 def test_prepare_synthetic_images(tmp_path):

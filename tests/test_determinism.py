@@ -23,6 +23,7 @@ def _train(make_config, tmp_path, name, num_towers, micro_batches=4, **loop):
     return train(config)
 
 
+@pytest.mark.quick
 def test_rerun_and_tower_counts_give_identical_weights(make_config, tmp_path):
     """cnn has BatchNorm and Dropout: the hardest case for tower-count invariance."""
     initial = report.weights_sha256(build(make_config(model_dir=tmp_path / "init")).model.variables)
@@ -93,6 +94,7 @@ def test_checkpoints_hold_input_positions_not_shuffle_buffers(make_config, tmp_p
         assert tf.train.load_variable(str(tmp_path / "run" / "checkpoints" / "ckpt-5"), key).tolist() == [0, 160]
 
 
+@pytest.mark.quick
 def test_resume_across_an_epoch_boundary_is_exact(make_config, tmp_path):
     """Each stream's epoch is ~719 records = ~22 steps of 32: the checkpoint at step 30 sits in epoch 1."""
     config = make_config(towers={"micro_batches": 2}, loop={"train_steps": 36, "checkpoint_every_steps": 30})

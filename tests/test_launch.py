@@ -6,6 +6,8 @@ import pytest
 
 from launch.cluster import Cluster, ClusterError, expand_tasks_per_node, resolve_cluster
 
+pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
+
 # SLURM_JOB_ID 123 -> derived base port 12000 + (123 % 2500) * 8
 BASE_123 = 12984
 

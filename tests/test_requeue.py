@@ -10,11 +10,13 @@ import pytest
 from launch import requeue
 from launch.cluster import SlurmJob, slurm_job
 from trainer.loop.run import train
+from trainer.outputs import attempts as attempts_lib
 from trainer.system import stop as stop_lib
 
 JOB = SlurmJob("101")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "job, previous, steps_left, trained, while_training, expected",
     [
@@ -32,6 +34,7 @@ def test_decide(job, previous, steps_left, trained, while_training, expected):
     assert decision.requeue == expected[0] and expected[1] in decision.reason
 
 
+@pytest.mark.quick
 def test_slurm_job_from_environment_and_array_target():
     assert slurm_job({}) is None
     job = slurm_job(
@@ -87,21 +90,44 @@ def test_time_limit_warning_requeues_the_array_task_until_max_requeues(make_conf
         train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
     assert fake_slurm.read_text() == "requeue 300_5\n"
     first = _attempts(tmp_path)[0]
-    assert first["slurm_job_id"] == "305" and first["slurm_array_task"] == "300_5" and first["step"] > 0
+    # the loop looks at the stop between windows of 10 steps (--log_every_steps=10): the 8th look is at step 10
+    assert first["slurm_job_id"] == "305" and first["slurm_array_task"] == "300_5" and first["step"] == 10
     assert first["outcome"].startswith("requeued for the time limit (time-limit requeue 1 of at most 1)")
     with pytest.raises(stop_lib.StopRequested):  # the requeued job, warned again: no requeue left
         train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
     assert fake_slurm.read_text() == "requeue 300_5\n"
     second = _attempts(tmp_path)[1]
-    assert second["resumed_from_step"] == first["step"] and second["step"] > first["step"]
+    assert (second["resumed_from_step"], second["step"]) == (10, 20)
     assert "not requeued: the job already requeued itself 1 times for its time limit" in second["outcome"]
     finished = train(config)
     assert finished["global_step"] == 40 and [a["attempt"] for a in finished["attempts"]] == [1, 2, 3]
+    assert [(a["resumed_from_step"], a["step"]) for a in finished["attempts"]] == [(0, 10), (10, 20), (20, 40)]
+    # timed examples: each start's steps of 64 but those that traced a graph (2 per start here)
+    assert [a["examples"] for a in finished["attempts"]] == [8 * 64, 8 * 64, 18 * 64]
     seconds = sum(a["train_sec"] for a in finished["attempts"])
-    examples = sum(a["examples"] for a in finished["attempts"])
-    assert finished["examples_per_sec"] == pytest.approx(examples / seconds)
+    assert finished["examples_per_sec"] == pytest.approx(2176 / seconds)  # over every attempt, not the last
 
 
+@pytest.mark.quick
+def test_examples_per_sec_is_over_every_attempt(tmp_path):
+    """Examples and seconds are summed over the attempts: 4,000 examples in 7 s, not the mean of 1,000/s and
+    500/s, nor the last attempt's 500/s."""
+    (tmp_path / "attempts.json").write_text(
+        json.dumps(
+            [
+                {"attempt": 1, "started": "", "host": "h", "pid": 1, "resumed_from_step": 0, "examples": 1000,
+                 "train_sec": 1.0},
+                {"attempt": 2, "started": "", "host": "h", "pid": 2, "resumed_from_step": 10, "examples": 3000,
+                 "train_sec": 6.0},
+            ]
+        )
+    )  # fmt: skip
+    log = attempts_lib.AttemptLog(str(tmp_path))
+    assert log.examples_per_sec() == pytest.approx(571.4285714)
+    assert [a["examples_per_sec"] for a in log.summary()] == [1000.0, 500.0]
+
+
+@pytest.mark.quick
 def test_preemption_is_left_to_slurm(make_config, tmp_path, fake_slurm):
     with pytest.raises(stop_lib.StopRequested):
         train(make_config(loop={"train_steps": 40}), stop=StopAfterChecks(8, signal.SIGTERM))

@@ -8,6 +8,8 @@ import pytest
 from launch import sbatch
 from launch import slurm as launcher
 
+pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
+
 
 @pytest.mark.parametrize(
     "text, seconds",

@@ -110,34 +110,48 @@ def test_stop_lands_after_the_step_in_progress_not_after_the_window(
     # sync: nothing runs after the step the signal interrupted; async: the updates then in flight (at most
     # one per tower) land, no other starts
     assert 0 <= stopped_at - stop.steps_at_signal[0] <= (0 if update_mode == "sync" else 2)
-    attempt = json.loads((tmp_path / "run" / "attempts.json").read_text())[-1]
-    step_sec = attempt["train_sec"] * built[-1].mode.examples_per_step / attempt["examples"]
-    print(f"{update_mode}: signal -> checkpoint {latency_sec:.3f} s; step {step_sec:.3f} s, save {save_sec:.3f} s")
-    assert len(saves) == 1 and latency_sec <= 2 * (step_sec + save_sec) + 0.5
+    assert len(saves) == 1  # the stop's checkpoint, and no other
+    attempts = json.loads((tmp_path / "run" / "attempts.json").read_text())
+    assert [a["step"] for a in attempts] == [stopped_at]
+    assert attempts[0]["outcome"] == f"stopped by signal 15 at step {stopped_at}"
+    print(f"{update_mode}: step {stopped_at}, signal -> checkpoint {latency_sec:.3f} s, save {save_sec:.3f} s")
+    assert latency_sec < 60  # a hang guard only: the steps above are what this test checks
 
 
+@pytest.mark.quick
 def test_a_signal_reaches_a_graph_loop_while_python_handlers_wait():
     """Python runs a signal's handler only when the TensorFlow call in progress returns; `notifying` calls
-    back at once, so a loop inside one call can stop after its current iteration (~10 ms each here)."""
+    back at once, so a loop inside one call stops after its current iteration. Iteration 50 of the loop sends
+    the signal and waits (up to 30 s) for the callback before it ends: the loop must stop right after it."""
     interrupted = tf.Variable(False)
     stop = stop_lib.StopRequest()
+    called_back = threading.Event()
+
+    def iteration(i):
+        if int(i) == 50:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            called_back.wait(30)
+        return i
 
     @tf.function
     def spin():
         def one(i):
-            with tf.control_dependencies([tf.py_function(lambda: time.sleep(0.01), [], [])]):
+            with tf.control_dependencies([tf.py_function(iteration, [i], tf.int32)]):
                 return i + 1
 
         return tf.while_loop(lambda i: tf.logical_and(i < 3000, tf.logical_not(interrupted)), one, [0])
 
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR2)).start()
-    with stop.handling(), stop.notifying(lambda: interrupted.assign(True)):
-        iterations = int(spin()[0])  # 3,000 iterations (30 s) unless interrupted
+    def callback():
+        interrupted.assign(True)
+        called_back.set()
+
+    with stop.handling(), stop.notifying(callback):
+        iterations = int(spin()[0])  # 3,000 iterations unless interrupted
         assert stop.signals == [signal.SIGUSR2]  # the handler ran once the call returned
-    assert 20 <= iterations <= 1000
+    assert called_back.is_set() and iterations == 51  # iterations 0..50: none after the one that was signalled
 
 
-def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_path, monkeypatch):
+def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_path, monkeypatch, built):
     original_save = Checkpointer.save
 
     def save_while_signalled(self):
@@ -147,7 +161,7 @@ def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_p
     monkeypatch.setattr(Checkpointer, "save", save_while_signalled)
     config = make_config(loop={"train_steps": 100_000, "log_every_steps": 5_000})
     stop = StepAtSignal([])
-    threading.Timer(6.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    _kill_when(lambda: built and int(built[-1].global_step.numpy()) >= 5)
     with pytest.raises(stop_lib.StopRequested, match="stopped by SIGTERM"):
         run_lib.train(config, stop=stop)
     assert stop.seen == [signal.SIGTERM, signal.SIGINT]
@@ -172,6 +186,7 @@ def test_signal_during_the_final_eval_finishes_the_run_with_its_checkpoint(make_
     assert metrics["attempts"][-1]["outcome"] == "finished"
 
 
+@pytest.mark.quick
 def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monkeypatch):
     original = Evaluator.evaluate
 
@@ -189,6 +204,7 @@ def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monk
     assert attempts[0]["outcome"].startswith("stopped by signal 12 at step 10; not requeued: not a Slurm job")
 
 
+@pytest.mark.quick
 def test_cli_signal_during_imports_exits_resumable(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "trainer", "--device=cpu", f"--model_dir={tmp_path}/run"],

@@ -94,6 +94,7 @@ def test_event_files_hold_scalars_histograms_and_hparams(make_config, tmp_path):
     assert [e.step for e in eval_events.Tensors("accuracy")] == [10]
 
 
+@pytest.mark.quick
 def test_rerun_resumes_and_continues_the_step_count(make_config, tmp_path):
     first = train(make_config(loop={"train_steps": 10, "checkpoint_every_steps": 5}))
     assert first["global_step"] == 10
@@ -161,6 +162,7 @@ def test_dense_records_train(make_config, tmp_path):
     assert metrics["eval_examples"] == 128 and metrics["eval_accuracy"] >= 0.9
 
 
+@pytest.mark.quick
 def test_unreadable_records_raise_data_error(make_config, tmp_path):
     junk = tmp_path / "junk.tfrecord"
     junk.write_bytes(b"this is not a TFRecord file at all")
