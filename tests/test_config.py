@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from trainer.step.modes import mode_for
 
 from trainer.settings import config as cfg
 from trainer.settings.resolve import resolve
+from trainer.step.modes import mode_for
 
 pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
 
