@@ -13,7 +13,6 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 from trainer.loop.run import build, train
-from trainer.settings import config as cfg
 from trainer.step.staleness import Gate, Stopped, TowerFailed
 from trainer.system.stop import StopRequested
 
@@ -95,20 +94,6 @@ def test_a_failing_tower_ends_the_run_with_its_number(make_config):
 
 
 @pytest.mark.quick
-def test_deterministic_async_is_refused():
-    config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), deterministic=True)
-    with pytest.raises(cfg.ConfigError, match="--update_mode=async cannot be --deterministic"):
-        cfg.validate(config)
-
-
-@pytest.mark.quick
-def test_fp16_async_is_refused():
-    config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", mixed_precision="fp16"))
-    with pytest.raises(cfg.ConfigError, match="--mixed_precision=fp16 cannot be --update_mode=async: a gradient"):
-        cfg.validate(config)
-    cfg.validate(cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", mixed_precision="bf16")))
-
-
 def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config, tmp_path):
     config = _async(make_config, train_steps=100_000, log_every_steps=10, checkpoint_every_steps=0)
     timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
