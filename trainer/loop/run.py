@@ -23,8 +23,9 @@ from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_
 from trainer.outputs import attempts as attempts_lib
 from trainer.outputs import banner, report, rundir
 from trainer.outputs.checkpoint import Checkpointer
+from trainer.outputs.event_files import purge_events
 from trainer.outputs.export import Serving, export_saved_model
-from trainer.outputs.summaries import Summaries, purge_events, variable_tags
+from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
 from trainer.step import modes, spread, towers
@@ -106,7 +107,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
         return finished
     attempt = attempts.begin(step, job)
     _log_line(_start_line(attempt, job, where))
-    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step)
+    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step, log=_log_line)
     if dropped:
         _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
     results = _run_loop(config, state, attempts, stop)
