@@ -61,7 +61,7 @@ def purge_events(model_dir: str, after_step: int, log=print) -> int:
         os.replace(path + _TEMP_SUFFIX, path)
         dropped += sum(1 for e in events if e.step > after_step)
         if torn is not None:
-            log(f"TensorBoard: {path} {torn}; cut it back to the {len(records)} whole events before it")
+            log(f"TensorBoard: {path}: {torn}; cut the file back to the {len(records)} whole events before them")
     return dropped
 
 
@@ -82,10 +82,10 @@ def read_whole_records(path: str) -> tuple[list[bytes], str | None]:
     size = os.path.getsize(path)
     if whole == size:
         return records, None
-    problem = problem or f"the file ends {size - whole} bytes into the record's {FRAME_BYTES}-byte frame"
+    problem = problem or f"the file ends inside a record's {FRAME_BYTES}-byte frame"
     return records, (
-        f"has a torn record at byte offset {whole}, its last {size - whole} bytes ({problem}): a write cut short "
-        "by a full disk or a kill"
+        f"its last {size - whole} bytes, from byte offset {whole}, are no whole record ({problem}), as a write cut "
+        "short by a full disk or a kill leaves"
     )
 
 
