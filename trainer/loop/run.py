@@ -179,6 +179,11 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         if explained is None:
             raise
         raise explained from e
+    except stop_lib.Diverged as e:  # NaN or inf features reach the towers unchecked: name the record, exit 2
+        explained = state.bad_records and state.bad_records.explain_divergence(e, log=_log_line)
+        if explained is None:
+            raise
+        raise explained from e
     finally:
         state.mode.close()
         summaries.close()
