@@ -9,6 +9,7 @@ pipeline failed). The training pipeline itself never runs this code.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterator
 
@@ -128,7 +129,8 @@ def record_problem(serialized: bytes, info: RecordInfo, num_classes: int | None,
             return f"has no single {kind[:-5]} value under key '{key}' (found: {found or 'no such key'})"
     problem = _label_problem(features[schema.label_key].int64_list.value[0], schema.label_offset, num_classes)
     if problem or isinstance(schema, DenseSchema):
-        return problem or _dense_problem(features[schema.feature_key].float_list.value, info.example_shape)
+        values = features[schema.feature_key].float_list.value
+        return problem or _dense_problem(values, info.example_shape, schema.feature_key)
     return _image_problem(features[schema_lib.IMAGE_ENCODED_KEY].bytes_list.value[0], info, decode)
 
 
@@ -142,10 +144,16 @@ def _label_problem(stored: int, label_offset: int, num_classes: int | None) -> s
     )
 
 
-def _dense_problem(values, shape: tuple[int, ...]) -> str | None:
-    if len(values) == shape[0]:
+def _dense_problem(values, shape: tuple[int, ...], key: str) -> str | None:
+    if len(values) != shape[0]:
+        return f"has {len(values)} feature values where the first record has {shape[0]}"
+    bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
+    if not bad:
         return None
-    return f"has {len(values)} feature values where the first record has {shape[0]}"
+    return (
+        f"has feature value {values[bad[0]]} at index {bad[0]} under key '{key}' ({len(bad)} of {len(values)} "
+        "values NaN or inf): fix the record or leave its file out"
+    )
 
 
 def _image_problem(encoded: bytes, info: RecordInfo, decode: bool) -> str | None:
@@ -203,22 +211,57 @@ def check_records(info: RecordInfo, num_classes: int | None, *, what: str = "dat
 def _search(
     info: RecordInfo, num_classes: int | None, decode: bool, skip_corrupt: bool = False
 ) -> tuple[int, BadRecord | None]:
-    parse = batch_parser(info, num_classes, decode)
+    parse = _checking_parser(info, num_classes, decode)
     count = 0
     for path in info.files:
+        records, bad = _search_file(path, parse, info, num_classes, decode)
+        count += records
+        if bad is not None and not (skip_corrupt and bad.corrupt):
+            return count, bad
+    return count, None
+
+
+def _checking_parser(info: RecordInfo, num_classes: int | None, decode: bool):
+    """The pipeline's batch parser, and what only the checks look for: a NaN or inf in dense features. The
+    training pipeline does not pay a pass over every batch's features for it: a run that diverges looks for
+    them then (`data.integrity.BadRecords.explain_divergence`), and eval data is checked before training."""
+    parse = batch_parser(info, num_classes, decode)
+    if not isinstance(info.schema, DenseSchema):
+        return parse
+
+    def parse_finite(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        features, labels = parse(serialized)
+        check = tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(features)), ["a feature value is NaN or inf"])
+        with tf.control_dependencies([check]):
+            return tf.identity(features), labels
+
+    return parse_finite
+
+
+def _search_file(path: str, parse, info: RecordInfo, num_classes: int | None, decode: bool):
+    """(records read, the first bad record or None) of one file. Its bytes are counted: TFRecordDataset stops
+    without an error where a file ends inside a record's 12-byte header, so the size says it was cut."""
+
+    def parsed(serialized):
         # The parsed batches stay in TensorFlow (no copy to numpy); they are returned, not just their sizes,
         # because a function keeps only the ops its outputs need: the decode would go.
-        batches = tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH)
-        batches = batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        done = 0
-        try:
-            for _, labels in batches:
-                done, count = done + 1, count + int(labels.shape[0])
-        except tf.errors.OpError:
-            bad = _bad_in_batch(path, done * _SEARCH_BATCH, info, num_classes, decode)
-            if bad is not None and not (skip_corrupt and bad.corrupt):
-                return count, bad
-    return count, None
+        payload = tf.reduce_sum(tf.strings.length(serialized, unit="BYTE", name="payload_bytes"))
+        return parse(serialized), tf.cast(payload, tf.int64)
+
+    batches = tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH)
+    batches = batches.map(parsed, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    done = records = offset = 0
+    try:
+        for (_, labels), payload in batches:
+            batch = int(labels.shape[0])
+            done, records, offset = done + 1, records + batch, offset + int(payload) + FRAME_BYTES * batch
+    except tf.errors.OpError:
+        return records, _bad_in_batch(path, done * _SEARCH_BATCH, info, num_classes, decode)
+    size = tf.io.gfile.stat(path).length
+    if offset == size:
+        return records, None
+    cut = f"the file ends {size - offset} bytes into the record's {FRAME_BYTES}-byte frame: it was cut short"
+    return records, BadRecord(path, records, offset, cut, corrupt=True)
 
 
 def _bad_in_batch(path: str, start: int, info: RecordInfo, num_classes: int | None, decode: bool) -> BadRecord | None:

@@ -29,7 +29,7 @@ import sys
 import tensorflow as tf
 
 from data import check
-from data.schema import FRAME_BYTES, DataError, RecordInfo
+from data.schema import FRAME_BYTES, DataError, DenseSchema, RecordInfo
 
 # Records per chunk of the byte count: one function call (~70 us here) per chunk instead of per record.
 CHUNK = 64
@@ -173,6 +173,22 @@ class BadRecords:
             found = check.find_bad_record(p.info, p.num_classes, skip_corrupt=training)
             if found is not None:
                 return DataError(f"{what} {found}")
+        return None
+
+    def explain_divergence(self, diverged: BaseException, log=None) -> DataError | None:
+        """A DataError naming a training record whose features are NaN or inf, after a run on dense records
+        diverged, or None (no such record: the divergence is the training's own).
+
+        The training pipeline does not look for them (a pass over every batch's features, on the host): a
+        divergence reads the dense training files once, batched and in parallel, as `explain` does.
+        """
+        dense = [p for p in self._pipelines if p.training and isinstance(p.info.schema, DenseSchema)]
+        if dense and log is not None:
+            log(f"training diverged ({diverged}); reading --train_data for NaN or inf features")
+        for p in dense:
+            found = check.find_bad_record(p.info, p.num_classes, skip_corrupt=True)
+            if found is not None:
+                return DataError(f"--train_data {found} (training diverged: {diverged})")
         return None
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from _data_helpers import _collect, _images, _write_ids
+from _data_helpers import _collect, _count_records, _images, _write_ids
 
 import data
 from trainer.loop import run
@@ -175,6 +175,62 @@ def test_check_records_counts_and_names_a_corrupt_eval_record(tmp_path):
     )
 
 
+@pytest.mark.parametrize("cut", [3, 11])
+def test_check_records_names_an_eval_file_cut_inside_a_record_header(tmp_path, cut):
+    """TFRecordDataset stops without an error where a file ends inside a frame's 12-byte header: the byte
+    count against the file's size finds it."""
+    paths = _write_ids(tmp_path, num_examples=30, num_shards=3)
+    offset = _offsets(paths[1])[6]
+    pathlib.Path(paths[1]).write_bytes(pathlib.Path(paths[1]).read_bytes()[: offset + cut])
+    assert _count_records(paths[1]) == 6  # silently
+    with pytest.raises(data.DataError) as error:
+        data.check_records(data.inspect_records(str(tmp_path / "ids-*")), num_classes=7, what="--eval_data")
+    assert str(error.value) == (
+        f"--eval_data file {paths[1]}: record 6 at byte offset {offset} is corrupt (the file ends {cut} bytes into "
+        "the record's 16-byte frame: it was cut short); the rest of the file cannot be read. Rewrite the file or "
+        "leave it out of the pattern"
+    )
+
+
+def _write_with_feature(path: str, record: int, index: int, value: float) -> None:
+    """Rewrites `record` of a dense file with feature `index` set to `value`."""
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    example = tf.train.Example.FromString(records[record])
+    example.features.feature["features"].float_list.value[index] = value
+    records[record] = example.SerializeToString()
+    with tf.io.TFRecordWriter(path) as writer:
+        for serialized in records:
+            writer.write(serialized)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")])
+def test_non_finite_features_are_named_in_eval_and_after_a_divergence(tmp_path, value):
+    paths = _write_ids(tmp_path, num_examples=30, num_shards=3)
+    _write_with_feature(paths[2], 4, 1, value)
+    info = data.inspect_records(str(tmp_path / "ids-*"))
+    named = (
+        f"file {paths[2]}: record 4 (byte offset {_offsets(paths[2])[4]}) has feature value {value} at index 1 "
+        "under key 'features' (1 of 2 values NaN or inf): fix the record or leave its file out"
+    )
+    with pytest.raises(data.DataError) as error:
+        data.check_records(info, num_classes=7, what="--eval_data")
+    assert str(error.value) == f"--eval_data {named}"
+    # The training pipeline lets them through (no cost per batch); a divergence looks for them.
+    bad = data.BadRecords()
+    features, _ = _collect(data.make_dataset(info, batch_size=10, training=True, bad_records=bad), 3)
+    assert np.isfinite(features).sum() == features.size - 1
+    diverged = RuntimeError("the gradient was not finite at step 3")
+    lines = []
+    assert str(bad.explain_divergence(diverged, log=lines.append)) == (
+        f"--train_data {named} (training diverged: the gradient was not finite at step 3)"
+    )
+    assert lines == [
+        "training diverged (the gradient was not finite at step 3); reading --train_data for NaN or inf features"
+    ]
+    _write_with_feature(paths[2], 4, 1, 1.0)
+    assert bad.explain_divergence(diverged) is None  # the training's own divergence
+
+
 def test_errors_that_are_not_the_input_pipelines_are_not_explained(tmp_path):
     _write_ids(tmp_path, num_examples=8, num_shards=1)
     bad = data.BadRecords()
@@ -273,3 +329,40 @@ def test_cli_async_label_of_num_classes_exits_2_naming_file_label_and_flags(tmp_
         "(stored 4, --label_offset=0), outside [0, --num_classes=4); fix --num_classes or --label_offset, or "
         "the labels"
     )
+
+
+def test_cli_eval_file_cut_inside_a_record_header_exits_2_naming_it(tmp_path):
+    _, evaluation = _write_run_data(tmp_path)
+    offset = _offsets(evaluation[1])[7]
+    pathlib.Path(evaluation[1]).write_bytes(pathlib.Path(evaluation[1]).read_bytes()[: offset + 5])
+    line = _error_line(_trainer(*_data_flags(tmp_path), model_dir=tmp_path / "run"))
+    assert line == (
+        f"error: --eval_data file {evaluation[1]}: record 7 at byte offset {offset} is corrupt (the file ends 5 bytes "
+        "into the record's 16-byte frame: it was cut short); the rest of the file cannot be read. Rewrite the file "
+        "or leave it out of the pattern"
+    )
+    assert not list((tmp_path / "run").glob("**/ckpt-*"))
+
+
+def test_cli_nan_feature_in_training_exits_2_naming_it_and_a_fixed_file_resumes(tmp_path):
+    """The record is named (not exit 3); the step-6 checkpoint is whole, and once the record is fixed the rerun
+    resumes there to the weights of a run on the fixed data."""
+    train, _ = _write_run_data(tmp_path)
+    fixed = tmp_path / "fixed"
+    assert _trainer(*_data_flags(tmp_path), "--deterministic", model_dir=fixed).returncode == 0
+    original = pathlib.Path(train[1]).read_bytes()
+    _write_with_feature(train[1], 40, 3, float("nan"))
+    model_dir = tmp_path / "run"
+    result = _trainer(*_data_flags(tmp_path), "--deterministic", model_dir=model_dir)
+    assert _error_line(result).startswith(
+        f"error: --train_data file {train[1]}: record 40 (byte offset {_offsets(train[1])[40]}) has feature value "
+        "nan at index 3 under key 'features' (1 of 8 values NaN or inf): fix the record or leave its file out "
+        "(training diverged: the gradient was not finite at step "
+    )
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-6.index"]
+    pathlib.Path(train[1]).write_bytes(original)
+    rerun = _trainer(*_data_flags(tmp_path), "--deterministic", model_dir=model_dir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from {model_dir / 'checkpoints' / 'ckpt-6'} at step 6" in rerun.stdout
+    weights = [json.loads((d / "metrics.json").read_text())["weights_sha256"] for d in (fixed, model_dir)]
+    assert weights[0] == weights[1]

@@ -173,7 +173,7 @@ class Loop:
         except (tf.errors.ResourceExhaustedError, OSError) as e:
             if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
                 raise
-            latest = self.checkpointer.manager.latest_checkpoint
+            latest = self.checkpointer.latest_checkpoint
             raise stop_lib.NoSpace(
                 f"no space left on device saving the checkpoint of step {step} in {self.config.model_dir}; "
                 f"the last whole checkpoint is {latest or 'none'}. Free space and rerun the same command to resume."

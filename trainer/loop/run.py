@@ -23,8 +23,9 @@ from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_
 from trainer.outputs import attempts as attempts_lib
 from trainer.outputs import banner, report, rundir
 from trainer.outputs.checkpoint import Checkpointer
+from trainer.outputs.event_files import purge_events
 from trainer.outputs.export import Serving, export_saved_model
-from trainer.outputs.summaries import Summaries, purge_events, variable_tags
+from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
 from trainer.step import modes, spread, towers
@@ -106,7 +107,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
         return finished
     attempt = attempts.begin(step, job)
     _log_line(_start_line(attempt, job, where))
-    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step)
+    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step, log=_log_line)
     if dropped:
         _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
     results = _run_loop(config, state, attempts, stop)
@@ -175,6 +176,11 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         return loop.run()
     except (tf.errors.OpError, TowerFailed) as e:  # what `next(iterator)` in a step raised for bad data
         explained = state.bad_records and state.bad_records.explain(e, training=True, log=_log_line)
+        if explained is None:
+            raise
+        raise explained from e
+    except stop_lib.Diverged as e:  # NaN or inf features reach the towers unchecked: name the record, exit 2
+        explained = state.bad_records and state.bad_records.explain_divergence(e, log=_log_line)
         if explained is None:
             raise
         raise explained from e

@@ -17,6 +17,7 @@ import os
 import tensorflow as tf
 
 from trainer.outputs import checkpoint_files as files
+from trainer.system.files import literal_dir
 
 
 class CheckpointMismatch(RuntimeError):
@@ -50,9 +51,26 @@ class Checkpointer:
         """Built on first use: it reads the state file once, so only after `restore_latest` repaired it."""
         if self._manager is None:
             self._manager = tf.train.CheckpointManager(
-                self.checkpoint, self.directory, max_to_keep=self.keep, step_counter=self.step
+                self.checkpoint, self._tf_directory(), max_to_keep=self.keep, step_counter=self.step
             )
         return self._manager
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The newest checkpoint the manager knows of (restored or saved), or None."""
+        return self._real(self.manager.latest_checkpoint)
+
+    def _tf_directory(self) -> str:
+        """`directory` as TensorFlow's own calls must name it: TensorFlow globs checkpoint paths, so a
+        `--model_dir` holding `[`, `*` or `?` would find, restore and rotate away no checkpoint."""
+        return literal_dir(self.directory)
+
+    def _real(self, path: str | None) -> str | None:
+        """A path TensorFlow returned (under `_tf_directory()`) as the path under `directory`."""
+        alias = self._tf_directory()
+        if path is None or alias == self.directory or not path.startswith(alias + os.sep):
+            return path
+        return os.path.join(self.directory, path[len(alias) + 1 :])
 
     def restore_latest(self) -> str | None:
         """Restores the newest checkpoint that reads back whole, if any; returns its path.
@@ -76,14 +94,14 @@ class Checkpointer:
         candidates = _tidy(self.directory, self.log) if os.path.isdir(self.directory) else []
         skipped = []
         for name in sorted(candidates, key=files.number, reverse=True):
-            problem = files.unreadable(os.path.join(self.directory, name))
+            problem = files.unreadable(os.path.join(self._tf_directory(), name))
             if problem is None:
                 path = self._restore(name)
                 if skipped:
                     self._rotate_away_first(skipped, candidates)
                     self.log(f"resuming from {name}, the newest checkpoint that reads back whole")
                 return path
-            self.log(f"skipped checkpoint {name}: {problem}")
+            self.log(f"skipped checkpoint {name}: {problem.replace(self._tf_directory(), self.directory)}")
             skipped.append(name)
         if skipped:
             self._rotate_away_first(skipped, candidates)
@@ -93,7 +111,7 @@ class Checkpointer:
     def _restore(self, name: str) -> str:
         path = os.path.join(self.directory, name)
         try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            self.checkpoint.restore(os.path.join(self._tf_directory(), name)).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             # It read back whole (`files.unreadable`), so this is not damage: it was written by another run.
             raise CheckpointMismatch(
@@ -118,7 +136,7 @@ class Checkpointer:
         step = int(self.step.numpy())
         if step == self.saved_step:
             return os.path.join(self.directory, f"ckpt-{step}")
-        path = self.manager.save(checkpoint_number=step)
+        path = self._real(self.manager.save(checkpoint_number=step))
         self.saved_step = step
         return path
 

@@ -21,7 +21,6 @@ import os
 import re
 
 import tensorflow as tf
-from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
@@ -32,47 +31,12 @@ from trainer.settings import config as cfg
 from trainer.step.modes import mode_for
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
-# Records a run writes anew at every start; a resume drops the old ones.
-_REWRITTEN_PLUGINS = ("hparams", "custom_scalars")
 TOWER_CHART_REGEX = r"tower_step_sec/.*"
 
 
 def variable_tags(variables) -> list[str]:
     """One stable tag per variable: `<index>_<path without layer counters>`."""
     return [f"{i:03d}_{_COUNTER.sub('', v.path)}" for i, v in enumerate(variables)]
-
-
-def purge_events(model_dir: str, after_step: int) -> int:
-    """Drops, from the event files of model_dir (train/, eval/ and model_dir itself), every event past
-    `after_step` and every hparams and custom-scalars record, so that a resumed run's steps stay strictly
-    increasing per tag and its settings are recorded once (the resumed run writes them anew, with the new
-    `--train_steps`). Returns how many events past `after_step` it dropped.
-
-    Files are rewritten only when they hold such events, each to a temporary file then renamed over the
-    original: a kill in between leaves the old file or the new one, never half of either.
-    """
-    dropped = 0
-    pattern = "events.out.tfevents.*"
-    paths = tf.io.gfile.glob(os.path.join(model_dir, pattern)) + tf.io.gfile.glob(os.path.join(model_dir, "*", pattern))
-    for path in sorted(paths):
-        if path.endswith(".purging"):
-            continue
-        events = [event_pb2.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
-        keep = [e for e in events if not _purged(e, after_step)]
-        if len(keep) == len(events):
-            continue
-        with tf.io.TFRecordWriter(path + ".purging") as writer:
-            for event in keep:
-                writer.write(event.SerializeToString())
-        tf.io.gfile.rename(path + ".purging", path, overwrite=True)
-        dropped += sum(1 for e in events if e.step > after_step)
-    return dropped
-
-
-def _purged(event, after_step: int) -> bool:
-    if event.step > after_step:
-        return True
-    return any(v.metadata.plugin_data.plugin_name in _REWRITTEN_PLUGINS for v in event.summary.value)
 
 
 def histogram_buckets(values, bucket_count: int = 30):
@@ -144,7 +108,7 @@ class Summaries:
     def hparams(self, config: cfg.RunConfig) -> None:
         """Records, in `model_dir`, the experiment (hparam and metric columns), this run's settings
         (`run_hparams`) and the custom-scalars layout that charts every tower's step time together. Called
-        once per start; `purge_events` drops the previous start's records."""
+        once per start; `trainer.outputs.event_files.purge_events` drops the previous start's records."""
         with self.run.as_default(step=0):
             tf.summary.experimental.write_raw_pb(_experiment().SerializeToString(), step=0)
             # The trial ID column shows the model_dir's name, not a hash of the settings.

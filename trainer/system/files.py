@@ -34,3 +34,28 @@ def write_atomically(path: str, text: str, temp_suffix: str = ".tmp") -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+# Characters TensorFlow's file patterns (`GetMatchingPaths`: tf.io.gfile.glob, the checkpoint reader's and
+# CheckpointManager's file checks) read as wildcards or escapes, even in a path meant literally.
+_PATTERN_CHARACTERS = frozenset("*?[\\")
+_HELD: dict[str, int] = {}  # directory -> descriptor held open for `literal_dir`'s alias
+
+
+def literal_dir(directory: str) -> str:
+    """A name for `directory` that TensorFlow cannot read as a pattern: `directory` itself unless its path
+    holds `*`, `?`, `[` or `\\`, else `/proc/self/fd/<fd>` of a descriptor this process holds open on it
+    (Linux). TensorFlow checks a checkpoint exists by globbing its prefix, so under `exp[1]/` it finds none,
+    restores none and deletes none; through the alias it finds them. Creates `directory` if need be.
+
+    Only the process's own calls into TensorFlow may use the alias: a path shown to people or written to a
+    file must be the real one."""
+    if not _PATTERN_CHARACTERS.intersection(directory) or not os.path.isdir("/proc/self/fd"):
+        return directory
+    os.makedirs(directory, exist_ok=True)
+    fd = _HELD.get(directory)
+    if fd is None or not os.path.samestat(os.fstat(fd), os.stat(directory)):  # removed and made again since
+        if fd is not None:
+            os.close(fd)
+        fd = _HELD[directory] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}"
