@@ -1,7 +1,8 @@
 """Stop requests by signal, and the exit codes a run ends with. Imports no TensorFlow.
 
-SIGTERM (Slurm preemption, `scontrol requeue`, `scancel`), SIGINT (Ctrl-C), SIGUSR1 and SIGUSR2 (the usual
-time-limit warnings, `sbatch --signal=B:USR1@T`) all ask the run to stop: the handler only records the
+SIGTERM (Slurm preemption, `scontrol requeue`, `scancel`), SIGINT (Ctrl-C), SIGHUP (the terminal closed, the
+ssh connection dropped), SIGUSR1 and SIGUSR2 (the usual time-limit warnings, `sbatch --signal=B:USR1@T`) all
+ask the run to stop: the handler only records the
 signal, and the loop honours it after the current step (sync) or update (async) by checkpointing and exiting
 with `EXIT_RESUMABLE`. Recording only, never raising, means a second signal during a save cannot cut the
 save short. `trainer/__main__.py` installs the handlers before TensorFlow is imported, so a signal during the
@@ -23,7 +24,7 @@ EXIT_DIVERGED = 3  # a loss, gradient or weight stopped being finite; the last c
 EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed: rerun the same command to resume
 # (75 is sysexits' EX_TEMPFAIL; below 128, unlike the 128+signal codes, which sacct showed as `2:0`)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # The signals schedulers are asked to send before a time limit; they make a Slurm job requeue itself.
 TIME_LIMIT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
@@ -70,6 +71,8 @@ class StopRequest:
         """The signal handler: records, nothing else (it may run in the middle of a save)."""
         if self.first_at is None:
             self.first_at = time.monotonic()
+        if signum == signal.SIGHUP:
+            _leave_terminal()
         self.signals.append(signum)
         if self._wakeup_write is not None:  # a call from Python (tests) rather than a real signal: tell too
             with contextlib.suppress(OSError):
@@ -82,6 +85,8 @@ class StopRequest:
             return False
         installed = False
         for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # `nohup`: the user asked the run to outlive its terminal
             if signal.getsignal(sig) != self.handle:
                 self._previous[sig] = signal.signal(sig, self.handle)
                 installed = True
@@ -150,6 +155,19 @@ class StopRequest:
 
     def describe(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "no signal"
+
+
+def _leave_terminal() -> None:
+    """After a hangup the terminal is gone and writing to it fails (EIO), which would turn the clean stop into a
+    traceback: the standard streams that were the terminal now go to /dev/null (a log file stays as it is)."""
+    null = None
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                null = os.open(os.devnull, os.O_WRONLY) if null is None else null
+                os.dup2(null, fd)
+    if null is not None:
+        os.close(null)
 
 
 def _watch(read: int, callback) -> None:
