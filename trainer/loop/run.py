@@ -38,7 +38,7 @@ from trainer.system import stop as stop_lib
 def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`.
 
-    Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) are honoured after the current step: the run
+    Stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2) are honoured after the current step: the run
     checkpoints and raises `trainer.system.stop.StopRequested`; after a time-limit warning under Slurm it has
     also requeued its job (`trainer.outputs.attempts.after_stop`).
 
@@ -143,7 +143,7 @@ def _require_finite(model, step: int, doing: str) -> None:
 
 def _raise_if_stopped(stop: stop_lib.StopRequest, when: str) -> None:
     if stop.requested:
-        message = f"stopped by {stop.describe()} {when}; nothing to save. Rerun the same command to resume."
+        message = f"stopped by {stop.describe()} {when}; nothing to save"
         raise stop_lib.StopRequested(message, stop.signum, None, signalled_while_training=False)
 
 
