@@ -26,7 +26,7 @@ from trainer import cli  # noqa: E402
 from trainer.settings import config as cfg  # noqa: E402
 from trainer.settings import flags as tf_flags  # noqa: E402
 from trainer.step import modes  # noqa: E402
-from trainer.system import console, runtime, versions  # noqa: E402
+from trainer.system import console, preflight, runtime, versions  # noqa: E402
 
 tf_flags.define_flags()
 FLAGS = flags.FLAGS
@@ -44,6 +44,7 @@ def _main(argv: list[str]) -> int:
         config = tf_flags.config_from_flags(FLAGS)
         tasks = cluster.resolve_cluster(os.environ, config.cluster.port)
         config = modes.settle(config, num_tasks=tasks.num_tasks)
+        preflight.check(config, tasks)  # model_dir, data globs, this task's port: before TensorFlow too
     except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
