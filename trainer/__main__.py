@@ -94,7 +94,10 @@ def _train(config: cfg.RunConfig, tasks) -> int:
     except stop.Diverged as e:
         print(f"error: training diverged: {e}", file=sys.stderr)
         return stop.EXIT_DIVERGED
-    except (stop.NoSpace, distributed.WorkerLost) as e:
+    except stop.NoSpace as e:  # free space and rerun: it resumes
+        print(f"error: {e}", file=sys.stderr)
+        return stop.EXIT_RESUMABLE
+    except distributed.WorkerLost as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_FAILED
     return stop.EXIT_OK

@@ -109,20 +109,30 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step)
     if dropped:
         _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
-    results = _run_loop(config, state, attempts, stop)
-    export_dir = None
-    if config.loop.export:
-        step = results["global_step"]
-        _require_finite(state.model, step, "exporting")
-        serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
-        export_saved_model(state.model, config, serving, step, _log_line)  # None: kept an existing one
-        export_dir = os.path.join(config.loop.model_dir, "export", str(step))
-    attempts.end("finished")
-    metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
-    report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
+    with stop_lib.out_of_space(f"writing to {config.loop.model_dir} (TensorBoard events)", lambda: _kept(state)):
+        results = _run_loop(config, state, attempts, stop)
+    with stop_lib.out_of_space(f"exporting to {config.loop.model_dir}", lambda: _kept(state)):
+        export_dir = _export(config, state, results["global_step"])
+        attempts.end("finished")
+        metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
+        report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
     for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
         _log_line(line)
     return metrics
+
+
+def _kept(state) -> str:
+    return f"the last whole checkpoint is {state.checkpointer.manager.latest_checkpoint or 'none'}"
+
+
+def _export(config: RunConfig, state, step: int) -> str | None:
+    """Exports the SavedModel of step `step` (kept if it exists); its directory, or None without --export."""
+    if not config.loop.export:
+        return None
+    _require_finite(state.model, step, "exporting")
+    serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
+    export_saved_model(state.model, config, serving, step, _log_line)  # None: kept an existing one
+    return os.path.join(config.loop.model_dir, "export", str(step))
 
 
 def _finished_metrics(config: RunConfig, step: int) -> dict | None:

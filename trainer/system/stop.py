@@ -12,6 +12,7 @@ first seconds of a run still ends it cleanly.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -21,7 +22,7 @@ EXIT_OK = 0  # trained to --train_steps, evaluated, exported
 EXIT_FAILED = 1  # an unexpected error (a traceback says where)
 EXIT_USAGE = 2  # bad flags or data: the message says what to change; rerunning as is fails again
 EXIT_DIVERGED = 3  # a loss, gradient or weight stopped being finite; the last checkpoint is finite
-EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed: rerun the same command to resume
+EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed, or a full disk: rerun the same command
 # (75 is sysexits' EX_TEMPFAIL; below 128, unlike the 128+signal codes, which sacct showed as `2:0`)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -46,7 +47,28 @@ class Diverged(RuntimeError):
 
 
 class NoSpace(RuntimeError):
-    """The disk filled up while saving a checkpoint; the previous checkpoint is whole. Free space, rerun."""
+    """The disk filled up (a checkpoint, TensorBoard events, the export); the previous checkpoint is whole.
+    Free space and rerun: exit `EXIT_RESUMABLE`."""
+
+
+def is_no_space(error: BaseException) -> bool:
+    """Whether `error` is a full disk: an OSError's ENOSPC, or TensorFlow's error carrying it as text (a
+    summary flush fails with a ResourceExhaustedError, the same class as running out of memory)."""
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+
+
+@contextlib.contextmanager
+def out_of_space(doing: str, kept):
+    """A full disk met while `doing` (writing events, exporting) becomes `NoSpace`, one line and exit 75:
+    nothing is lost that `kept()` (what is safe, e.g. the last whole checkpoint) does not name."""
+    try:
+        yield
+    except NoSpace:
+        raise
+    except Exception as e:
+        if not is_no_space(e):
+            raise
+        raise NoSpace(f"no space left on device {doing}; {kept()}. Free space and rerun the same command to resume.") from e
 
 
 class StopRequest:
