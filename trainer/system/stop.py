@@ -68,7 +68,8 @@ def out_of_space(doing: str, kept):
     except Exception as e:
         if not is_no_space(e):
             raise
-        raise NoSpace(f"no space left on device {doing}; {kept()}. Free space and rerun the same command to resume.") from e
+        message = f"no space left on device {doing}; {kept()}. Free space and rerun the same command to resume."
+        raise NoSpace(message) from e
 
 
 class StopRequest:
