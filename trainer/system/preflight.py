@@ -1,6 +1,7 @@
 """What a run needs of the machine, checked before TensorFlow is imported (seconds), so that bad input fails at
 once with one line naming the culprit (exit 2): a `--model_dir` that cannot be written, data globs that match
-nothing or match a directory, the digits cache's directory, this task's port held by another process.
+nothing or match a directory, the digits cache's directory; with several tasks, only this task's port held by
+another process (a chief failing before it connects could not tell its workers, which would wait).
 
 Each check raises `ConfigError`. The later checks (`data.list_files`, the run directory's lock, the gRPC
 server) stay where they are: these only move the common failures before the slow imports. Imports no
@@ -25,10 +26,10 @@ def check(config: RunConfig, tasks) -> None:
     Raises:
       ConfigError: naming the flag, the path or the port, and what to change.
     """
-    if tasks.num_tasks > 1:
+    if tasks.num_tasks > 1:  # the rest fails later on the chief, once connected, so its workers hear of it
         port_free(tasks)
-    if tasks.is_chief:  # only the chief writes the run directory
-        writable_dir(config.loop.model_dir, "--model_dir")
+        return
+    writable_dir(config.loop.model_dir, "--model_dir")
     if config.data.train_data:
         record_files(config.data.train_data, "--train_data")
         record_files(config.data.eval_data, "--eval_data")
