@@ -27,7 +27,7 @@ from trainer.outputs.export import Serving, export_saved_model
 from trainer.outputs.summaries import Summaries, purge_events, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import modes, spread, towers
+from trainer.step import footprint, modes, spread, towers
 from trainer.step.modes import mode_for
 from trainer.step.staleness import TowerFailed
 from trainer.step.updater import Updater
@@ -241,6 +241,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     bad_records = data.BadRecords(config.data.max_bad_records)
     settings = data_settings(config, inputs)
     model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
+    footprint.check_batch_fits(model, config, inputs.train.example_shape)  # before the pipeline and the graph
     iterators = train_iterators(config, placement, inputs, train_dataset, bad_records, settings)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
     mode = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)
