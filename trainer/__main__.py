@@ -26,7 +26,7 @@ from trainer import cli  # noqa: E402
 from trainer.settings import config as cfg  # noqa: E402
 from trainer.settings import flags as tf_flags  # noqa: E402
 from trainer.step import modes  # noqa: E402
-from trainer.system import console, runtime, versions  # noqa: E402
+from trainer.system import console, preflight, runtime, versions  # noqa: E402
 
 tf_flags.define_flags()
 FLAGS = flags.FLAGS
@@ -40,12 +40,11 @@ def main(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])} (flags take the form --name=value)")
     try:
         config = tf_flags.config_from_flags(FLAGS)
         tasks = cluster.resolve_cluster(os.environ, config.cluster.port)
         config = modes.settle(config, num_tasks=tasks.num_tasks)
+        preflight.check(config, tasks)  # model_dir, data globs, this task's port: before TensorFlow too
     except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
@@ -95,7 +94,10 @@ def _train(config: cfg.RunConfig, tasks) -> int:
     except stop.Diverged as e:
         print(f"error: training diverged: {e}", file=sys.stderr)
         return stop.EXIT_DIVERGED
-    except (stop.NoSpace, distributed.WorkerLost) as e:
+    except stop.NoSpace as e:  # free space and rerun: it resumes
+        print(f"error: {e}", file=sys.stderr)
+        return stop.EXIT_RESUMABLE
+    except distributed.WorkerLost as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_FAILED
     return stop.EXIT_OK
@@ -107,7 +109,7 @@ def run_and_exit() -> None:
     time-limit warning arriving then would kill a finished job (Slurm: FAILED 0:10)."""
     try:
         _print_help_and_exit(cli.help_request(sys.argv))
-        app.run(main, argv=_command_line(sys.argv))
+        app.run(main, argv=sys.argv, flags_parser=_parse_flags)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -125,12 +127,14 @@ def _print_help_and_exit(request: str) -> None:
         raise SystemExit(0)
 
 
-def _command_line(argv: list[str]) -> list[str]:
+def _parse_flags(argv: list[str]) -> list[str]:
+    """app.run's flag parser: a command line absl cannot parse is bad input, said in one line (exit 2), where
+    absl would print two and exit 1."""
     try:
-        return cli.command_line(argv, FLAGS)
-    except flags.Error as e:  # absl's own wording, as app.run would print it
-        print(f"FATAL Flags parsing error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        return cli.parse(argv, FLAGS)
+    except cli.CommandLineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(stop.EXIT_USAGE) from None
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ the command line wins over the same flag in any flagfile, whatever the order. Im
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
+
+from absl import flags
 
 from trainer.system import stop
 
@@ -41,13 +44,39 @@ def help_request(argv: list[str]) -> str:
     return "full" if any(arg in FULL_HELP_ARGS for arg in options) else ""
 
 
+class CommandLineError(ValueError):
+    """A command line absl cannot parse, said in one line that names the flag or the file (exit 2)."""
+
+
+def parse(argv: list[str], flag_values) -> list[str]:
+    """Parses `argv` into `flag_values` (flagfiles first, see `command_line`); returns the program name.
+
+    Raises:
+      CommandLineError: an unknown flag, a value not of the flag's type or not in its list, an unreadable
+        flagfile, or an argument that is not a flag.
+    """
+    expanded, origins = _expand(argv, flag_values)
+    try:
+        rest = flag_values(expanded)
+    except flags.Error as e:
+        raise CommandLineError(_said(e, flag_values, origins)) from None
+    if len(rest) > 1:
+        raise CommandLineError(f"unexpected arguments: {' '.join(rest[1:])} (flags take the form --name=value)")
+    return rest
+
+
 def command_line(argv: list[str], flag_values) -> list[str]:
     """argv with every `--flagfile` expanded (nested ones too) ahead of the flags typed on the command line,
     and a bare `-v` spelled `--verbosity=1`.
 
     Raises:
-      absl.flags.Error: a flagfile cannot be read.
+      CommandLineError: a flagfile cannot be read.
     """
+    return _expand(argv, flag_values)[0]
+
+
+def _expand(argv: list[str], flag_values) -> tuple[list[str], dict[str, str]]:
+    """`command_line`'s argv, and the flagfile each flag read from one came from (name -> path)."""
     program, args = argv[0], list(argv[1:])
     rest = args[args.index("--") :] if "--" in args else []  # positional arguments stay last
     args = args[: len(args) - len(rest)]
@@ -66,8 +95,72 @@ def command_line(argv: list[str], flag_values) -> list[str]:
         else:
             explicit.append(arg)
         i += 1
-    expanded = flag_values.read_flags_from_files(directives, force_gnu=True) if directives else []
-    return [program, *expanded, *explicit, *rest]
+    expanded, origins = [], {}
+    for path in _flagfiles(directives):
+        read = _read_flagfile(path, flag_values)
+        origins.update({_flag_name(arg): path for arg in read if _flag_name(arg) not in origins})
+        expanded += read
+    return [program, *expanded, *explicit, *rest], origins
+
+
+def _flagfiles(directives: list[str]) -> list[str]:
+    """The paths of `--flagfile=PATH` and `--flagfile PATH` directives."""
+    paths, i = [], 0
+    while i < len(directives):
+        name, eq, value = directives[i].partition("=")
+        paths.append(value if eq else directives[i + 1])
+        i += 1 if eq else 2
+    return paths
+
+
+def _read_flagfile(path: str, flag_values) -> list[str]:
+    if not path:
+        raise CommandLineError("--flagfile needs a file name (--flagfile=FILE)")
+    try:
+        return flag_values.read_flags_from_files([f"--flagfile={path}"], force_gnu=True)
+    except flags.CantOpenFlagFileError as e:
+        found = re.search(r"\[Errno \d+\] (.*): '(.*)'$", str(e))
+        why, where = found.groups() if found else (str(e), path)
+        named = "" if where == path else f" (named in {path})"
+        raise CommandLineError(f"--flagfile={where}{named}: cannot read it: {why}") from None
+    except UnicodeDecodeError:
+        raise CommandLineError(f"--flagfile={path}: not a text file of flags (it is not UTF-8)") from None
+
+
+def _flag_name(arg: str) -> str:
+    return arg.lstrip("-").partition("=")[0]
+
+
+def _said(error: Exception, flag_values, origins: dict[str, str]) -> str:
+    """absl's flag error in our words: the flag, what it must be, and the flagfile it came from."""
+    text = str(error)
+    if isinstance(error, flags.UnrecognizedFlagError):
+        guess = re.search(r"Did you mean: (\S+)", text)
+        hint = f" (did you mean --{guess.group(1).rstrip(',')}?)" if guess else "; --help lists the flags"
+        return f"unknown flag --{error.flagname}{_origin(error.flagname, origins)}{hint}"
+    bad = re.match(r"flag --(\w+)=(.*?): ", text)
+    if bad:
+        name, value = bad.groups()
+        return f"--{name}={value}{_origin(name, origins)} {_expected(flag_values[name])}"
+    missing = re.match(r"Missing value for flag --(\w+)|--(flagfile) with no argument", text)
+    if missing:
+        name = missing.group(1) or missing.group(2)
+        return f"--{name} needs a value (--{name}={'FILE' if name == 'flagfile' else 'VALUE'})"
+    return text.replace("\n", " ")
+
+
+def _origin(name: str, origins: dict[str, str]) -> str:
+    return f" (in --flagfile={origins[name]})" if name in origins else ""
+
+
+def _expected(flag) -> str:
+    enum_values = getattr(flag.parser, "enum_values", None)
+    if enum_values:
+        return f"must be one of {', '.join(v or repr('') for v in enum_values)}"
+    if flag.boolean:
+        return f"must be true or false (or --{flag.name} / --no{flag.name})"
+    kind = flag.flag_type()
+    return {"int": "must be an integer", "float": "must be a number"}.get(kind, f"is not a valid {kind}")
 
 
 def _options(argv: list[str]) -> list[str]:

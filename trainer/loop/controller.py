@@ -160,7 +160,7 @@ class Loop:
         else:
             what = "no step trained since the start, nothing to save"
         raise stop_lib.StopRequested(
-            f"stopped by {self.stop.describe()} at step {step}; {what}. Rerun the same command to resume.",
+            f"stopped by {self.stop.describe()} at step {step}; {what}",
             self.stop.signum,
             step,
             signalled_while_training=(self.stop.first_at or 0.0) >= self.training_since,

@@ -28,7 +28,7 @@ from trainer.outputs.export import Serving, export_saved_model
 from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import modes, spread, towers
+from trainer.step import footprint, modes, spread, towers
 from trainer.step.modes import mode_for
 from trainer.step.staleness import TowerFailed
 from trainer.step.updater import Updater
@@ -39,7 +39,7 @@ from trainer.system import stop as stop_lib
 def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`.
 
-    Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) are honoured after the current step: the run
+    Stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2) are honoured after the current step: the run
     checkpoints and raises `trainer.system.stop.StopRequested`; after a time-limit warning under Slurm it has
     also requeued its job (`trainer.outputs.attempts.after_stop`).
 
@@ -110,20 +110,30 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step, log=_log_line)
     if dropped:
         _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
-    results = _run_loop(config, state, attempts, stop)
-    export_dir = None
-    if config.loop.export:
-        step = results["global_step"]
-        _require_finite(state.model, step, "exporting")
-        serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
-        export_saved_model(state.model, config, serving, step, _log_line)  # None: kept an existing one
-        export_dir = os.path.join(config.loop.model_dir, "export", str(step))
-    attempts.end("finished")
-    metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
-    report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
+    with stop_lib.out_of_space(f"writing to {config.loop.model_dir} (TensorBoard events)", lambda: _kept(state)):
+        results = _run_loop(config, state, attempts, stop)
+    with stop_lib.out_of_space(f"exporting to {config.loop.model_dir}", lambda: _kept(state)):
+        export_dir = _export(config, state, results["global_step"])
+        attempts.end("finished")
+        metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
+        report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
     for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
         _log_line(line)
     return metrics
+
+
+def _kept(state) -> str:
+    return f"the last whole checkpoint is {state.checkpointer.manager.latest_checkpoint or 'none'}"
+
+
+def _export(config: RunConfig, state, step: int) -> str | None:
+    """Exports the SavedModel of step `step` (kept if it exists); its directory, or None without --export."""
+    if not config.loop.export:
+        return None
+    _require_finite(state.model, step, "exporting")
+    serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
+    export_saved_model(state.model, config, serving, step, _log_line)  # None: kept an existing one
+    return os.path.join(config.loop.model_dir, "export", str(step))
 
 
 def _finished_metrics(config: RunConfig, step: int) -> dict | None:
@@ -144,7 +154,7 @@ def _require_finite(model, step: int, doing: str) -> None:
 
 def _raise_if_stopped(stop: stop_lib.StopRequest, when: str) -> None:
     if stop.requested:
-        message = f"stopped by {stop.describe()} {when}; nothing to save. Rerun the same command to resume."
+        message = f"stopped by {stop.describe()} {when}; nothing to save"
         raise stop_lib.StopRequested(message, stop.signum, None, signalled_while_training=False)
 
 
@@ -237,6 +247,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     bad_records = data.BadRecords(config.data.max_bad_records)
     settings = data_settings(config, inputs)
     model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
+    footprint.check_batch_fits(model, config, inputs.train.example_shape)  # before the pipeline and the graph
     iterators = train_iterators(config, placement, inputs, train_dataset, bad_records, settings)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
     mode = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)

@@ -23,6 +23,8 @@ from trainer.system.stop import TIME_LIMIT_SIGNALS, StopRequested
 
 FILE_NAME = "attempts.json"
 TIME_LIMIT_REQUEUED = "requeued for the time limit"
+RUNNING = "running"
+KILLED = "killed or lost"
 
 
 @dataclasses.dataclass
@@ -38,7 +40,7 @@ class Attempt:
     step: int = 0  # the last step this attempt checkpointed
     examples: int = 0  # examples trained in the timed windows (graph tracing left out)
     train_sec: float = 0.0
-    outcome: str = "running"
+    outcome: str = RUNNING
 
     @property
     def examples_per_sec(self) -> float:
@@ -67,7 +69,11 @@ class AttemptLog:
             return []
 
     def begin(self, resumed_from_step: int, job: SlurmJob | None) -> Attempt:
-        """Records the start of this process's attempt."""
+        """Records the start of this process's attempt, and the end of any earlier one still "running": with
+        the run directory's lock held, it is not (SIGKILL, a lost node, an out-of-memory kill)."""
+        for earlier in self.attempts:
+            if earlier.outcome == RUNNING:
+                earlier.outcome = f"{KILLED} (no end recorded; last checkpointed step {earlier.step})"
         attempt = Attempt(
             attempt=len(self.attempts) + 1,
             started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from trainer.settings.config import ConfigError
@@ -33,7 +34,17 @@ def at_least(bound: int, note: str = "") -> Callable[[object], str]:
 
 
 def positive(value) -> str:
-    return "" if value > 0 else "must be positive"
+    """`check` of a finite number > 0 (inf and nan are numbers absl parses, and no step survives them)."""
+    if math.isfinite(value) and value > 0:
+        return ""
+    return "must be positive" if math.isfinite(value) else "must be a finite positive number"
+
+
+def in_range(low: float, high: float, note: str = "") -> Callable[[object], str]:
+    """`check` of a finite number in [low, high]."""
+    words = f"must be in [{low}, {high}]" if math.isfinite(high) else f"must be a finite number >= {low}"
+    words += f" ({note})" if note else ""
+    return lambda value: "" if math.isfinite(value) and low <= value <= high else words
 
 
 def ints(count: int = 0, what: str = "comma-separated integers"):

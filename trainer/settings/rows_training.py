@@ -3,8 +3,12 @@ optimizer."""
 
 from __future__ import annotations
 
+import math
+
 from trainer.settings import config as cfg
-from trainer.settings.flag import FREE, Flag, at_least, floats, ints, positive
+from trainer.settings.flag import FREE, Flag, at_least, floats, in_range, ints, positive
+
+SEED_LIMIT = 2**32 - 1
 
 
 def towers() -> list[Flag]:
@@ -84,7 +88,13 @@ def towers() -> list[Flag]:
             "Compute in bfloat16 or float16, variables in float32; fp16 adds dynamic loss scaling. Empty: float32.",
             choices=cfg.MIXED_PRECISION,
         ),
-        Flag("seed", "seed", g, "Seed of weight init, data shuffle and Dropout (any integer; 0 too)."),
+        Flag(
+            "seed",
+            "seed",
+            g,
+            "Seed of weight init, data shuffle and Dropout: 0 .. 2**32-1 (what Keras's set_random_seed takes).",
+            check=in_range(0, SEED_LIMIT, "Keras's set_random_seed seeds numpy, whose seeds are 32-bit"),
+        ),
         Flag(
             "deterministic",
             "deterministic",
@@ -217,8 +227,14 @@ def model_and_optimizer() -> list[Flag]:
             "Peak learning rate (after warmup), per step of --global_batch_size examples.",
             check=positive,
         ),
-        Flag("momentum", "optimizer.momentum", g, "Momentum of --optimizer=momentum."),
-        Flag("weight_decay", "optimizer.weight_decay", g, "Decoupled weight decay of --optimizer=adamw."),
+        Flag("momentum", "optimizer.momentum", g, "Momentum of --optimizer=momentum, in [0, 1].", check=in_range(0, 1)),
+        Flag(
+            "weight_decay",
+            "optimizer.weight_decay",
+            g,
+            "Decoupled weight decay of --optimizer=adamw, >= 0.",
+            check=in_range(0, math.inf),
+        ),
         Flag(
             "lr_schedule",
             "optimizer.schedule",
@@ -242,12 +258,13 @@ def model_and_optimizer() -> list[Flag]:
             g,
             "Piecewise schedule: learning rates, one more than boundaries.",
             parse=floats,
+            check=lambda v: "" if all(math.isfinite(x) and x >= 0 for x in v) else "must be finite numbers >= 0",
         ),
         Flag(
             "clip_global_norm",
             "optimizer.clip_global_norm",
             g,
             "Clip the averaged gradient to this global norm; 0: no clipping.",
-            check=at_least(0),
+            check=in_range(0, math.inf, "0: no clipping"),
         ),
     ]

@@ -50,6 +50,28 @@ def reachable(address: str, timeout: float = PROBE_TIMEOUT_SEC) -> bool:
         return False
 
 
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
+HTTP2_SETTINGS = 4
+
+
+def answers_not_as_grpc(address: str, timeout: float = 3.0) -> bool:
+    """Whether a program listens at `host:port` but does not answer HTTP/2's preface with a SETTINGS frame, as
+    a gRPC server (TensorFlow's) does at once. False when nothing answers the connection (not up yet)."""
+    host, _, port = address.rpartition(":")
+    try:
+        connection = socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_SEC)
+    except OSError:
+        return False
+    with connection:
+        try:
+            connection.settimeout(timeout)
+            connection.sendall(HTTP2_PREFACE)
+            frame = connection.recv(9)
+        except OSError:  # no answer in `timeout` s, or a reset
+            frame = b""
+    return not (len(frame) >= 4 and frame[3] == HTTP2_SETTINGS)
+
+
 def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) -> None:
     """Chief: waits for every worker's server, then joins the cluster as task 0.
 
@@ -179,7 +201,15 @@ def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_li
     server.start()
     chief = cluster.workers[0]
     log(f"{cluster.describe()}: serving {towers.num_towers} {towers.device} device(s) to the chief at {chief}")
-    if not _wait_for_chief(status, timeout_sec, stop):
+    waited = _wait_for_chief(status, chief, timeout_sec, stop)
+    if waited == SQUATTED:
+        print(
+            f"error: the chief's port ({chief}) is held by a program that is not a TensorFlow server, so the chief "
+            f"cannot start (its log says so); free the port or give the tasks other ports",
+            file=sys.stderr,
+        )
+        return stop_lib.EXIT_USAGE
+    if not waited:
         log(f"the chief at {chief} never connected within {timeout_sec:.0f} s" if not stop.requested else "stopped")
         return stop_lib.EXIT_RESUMABLE if stop.requested else stop_lib.EXIT_FAILED
     code = _wait_for_exit_code(status, chief)
@@ -198,11 +228,21 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _wait_for_chief(status: str, timeout_sec: float, stop: stop_lib.StopRequest) -> bool:
+SQUATTED = "squatted"  # `_wait_for_chief`: the chief's port is another program's
+
+
+def _wait_for_chief(status: str, chief: str, timeout_sec: float, stop: stop_lib.StopRequest, every: float = 2.0):
+    """True once the chief has connected; False after `timeout_sec` or a stop; SQUATTED when the chief's port
+    answers, but not as a gRPC server: the chief cannot start, no use waiting."""
     deadline = time.monotonic() + timeout_sec
+    next_probe = time.monotonic()
     while time.monotonic() < deadline and not stop.requested:
         if _read(status) is not None:
             return True
+        if time.monotonic() >= next_probe:
+            if answers_not_as_grpc(chief) and _read(status) is None:
+                return SQUATTED
+            next_probe = time.monotonic() + every
         time.sleep(0.2)
     return _read(status) is not None
 

@@ -1,7 +1,8 @@
 """Stop requests by signal, and the exit codes a run ends with. Imports no TensorFlow.
 
-SIGTERM (Slurm preemption, `scontrol requeue`, `scancel`), SIGINT (Ctrl-C), SIGUSR1 and SIGUSR2 (the usual
-time-limit warnings, `sbatch --signal=B:USR1@T`) all ask the run to stop: the handler only records the
+SIGTERM (Slurm preemption, `scontrol requeue`, `scancel`), SIGINT (Ctrl-C), SIGHUP (the terminal closed, the
+ssh connection dropped), SIGUSR1 and SIGUSR2 (the usual time-limit warnings, `sbatch --signal=B:USR1@T`) all
+ask the run to stop: the handler only records the
 signal, and the loop honours it after the current step (sync) or update (async) by checkpointing and exiting
 with `EXIT_RESUMABLE`. Recording only, never raising, means a second signal during a save cannot cut the
 save short. `trainer/__main__.py` installs the handlers before TensorFlow is imported, so a signal during the
@@ -11,6 +12,7 @@ first seconds of a run still ends it cleanly.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -20,10 +22,10 @@ EXIT_OK = 0  # trained to --train_steps, evaluated, exported
 EXIT_FAILED = 1  # an unexpected error (a traceback says where)
 EXIT_USAGE = 2  # bad flags or data: the message says what to change; rerunning as is fails again
 EXIT_DIVERGED = 3  # a loss, gradient or weight stopped being finite; the last checkpoint is finite
-EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed: rerun the same command to resume
+EXIT_RESUMABLE = 75  # stopped by a signal with the state checkpointed, or a full disk: rerun the same command
 # (75 is sysexits' EX_TEMPFAIL; below 128, unlike the 128+signal codes, which sacct showed as `2:0`)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # The signals schedulers are asked to send before a time limit; they make a Slurm job requeue itself.
 TIME_LIMIT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
@@ -45,7 +47,29 @@ class Diverged(RuntimeError):
 
 
 class NoSpace(RuntimeError):
-    """The disk filled up while saving a checkpoint; the previous checkpoint is whole. Free space, rerun."""
+    """The disk filled up (a checkpoint, TensorBoard events, the export); the previous checkpoint is whole.
+    Free space and rerun: exit `EXIT_RESUMABLE`."""
+
+
+def is_no_space(error: BaseException) -> bool:
+    """Whether `error` is a full disk: an OSError's ENOSPC, or TensorFlow's error carrying it as text (a
+    summary flush fails with a ResourceExhaustedError, the same class as running out of memory)."""
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+
+
+@contextlib.contextmanager
+def out_of_space(doing: str, kept):
+    """A full disk met while `doing` (writing events, exporting) becomes `NoSpace`, one line and exit 75:
+    nothing is lost that `kept()` (what is safe, e.g. the last whole checkpoint) does not name."""
+    try:
+        yield
+    except NoSpace:
+        raise
+    except Exception as e:
+        if not is_no_space(e):
+            raise
+        message = f"no space left on device {doing}; {kept()}. Free space and rerun the same command to resume."
+        raise NoSpace(message) from e
 
 
 class StopRequest:
@@ -70,6 +94,8 @@ class StopRequest:
         """The signal handler: records, nothing else (it may run in the middle of a save)."""
         if self.first_at is None:
             self.first_at = time.monotonic()
+        if signum == signal.SIGHUP:
+            _leave_terminal()
         self.signals.append(signum)
         if self._wakeup_write is not None:  # a call from Python (tests) rather than a real signal: tell too
             with contextlib.suppress(OSError):
@@ -82,6 +108,8 @@ class StopRequest:
             return False
         installed = False
         for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # `nohup`: the user asked the run to outlive its terminal
             if signal.getsignal(sig) != self.handle:
                 self._previous[sig] = signal.signal(sig, self.handle)
                 installed = True
@@ -150,6 +178,19 @@ class StopRequest:
 
     def describe(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "no signal"
+
+
+def _leave_terminal() -> None:
+    """After a hangup the terminal is gone and writing to it fails (EIO), which would turn the clean stop into a
+    traceback: the standard streams that were the terminal now go to /dev/null (a log file stays as it is)."""
+    null = None
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                null = os.open(os.devnull, os.O_WRONLY) if null is None else null
+                os.dup2(null, fd)
+    if null is not None:
+        os.close(null)
 
 
 def _watch(read: int, callback) -> None:
