@@ -63,7 +63,7 @@ class SessionKey(typing.NamedTuple):
 class Side:
     """One side of a figure: a training loop and its options, built once per worker and timed in windows.
 
-    kind: "towerflow" (trainer.loop.run.build), "plain" (a single-device tf.function step) or "mirrored"
+    kind: "towerflow" (trainer.loop.build.build), "plain" (a single-device tf.function step) or "mirrored"
     (tf.distribute.MirroredStrategy custom loop).
     """
 

@@ -12,7 +12,7 @@ import time
 
 from benchmarks import inputs, reference
 from benchmarks.plan import Setting, Side
-from trainer.loop.run import build
+from trainer.loop.build import build
 from trainer.outputs.progress import ProgressLine
 from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import LoopConfig, ModelConfig, OptimizerConfig, RunConfig, RuntimeConfig, TowerConfig

@@ -28,7 +28,7 @@ def _loops(steps: int) -> dict:
     from benchmarks import records as records_lib
     from benchmarks.plan import SETTINGS, Side
     from benchmarks.sides import run_config
-    from trainer.loop.run import build
+    from trainer.loop.build import build
 
     setting = SETTINGS["cnn-digits"]
     records = records_lib.ensure_records(setting)

@@ -58,7 +58,7 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
     and the host device."""
     import tensorflow as tf
 
-    from trainer.loop.run import build_model_and_optimizer
+    from trainer.loop.build import build_model_and_optimizer
     from trainer.settings import config as cfg
     from trainer.step.sync import SyncUpdate
 

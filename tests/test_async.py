@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from trainer.loop.run import build, train
+from trainer.loop.build import build
+from trainer.loop.run import train
 from trainer.step.staleness import Gate, Stopped, TowerFailed
 from trainer.system.stop import StopRequested
 

@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from trainer.loop.run import build, train
+from trainer.loop.build import build
+from trainer.loop.run import train
 from trainer.outputs import checkpoint_files
 from trainer.outputs.checkpoint import CheckpointMismatch
 

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from trainer.loop.run import build, train
+from trainer.loop.build import build
+from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.system import devices
 

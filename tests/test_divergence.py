@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.loop.run import build, train
+from trainer.loop.build import build
+from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.system import stop as stop_lib
 

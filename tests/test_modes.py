@@ -174,7 +174,7 @@ def _field_types(result: StepResult) -> dict:
 
 @pytest.mark.parametrize("update_mode", ["sync", "async"])
 def test_both_steppers_return_a_step_result_of_host_values(make_config, update_mode):
-    from trainer.loop.run import build
+    from trainer.loop.build import build
 
     config = make_config(
         deterministic=update_mode == "sync", model={"name": "mlp"}, towers={"update_mode": update_mode}

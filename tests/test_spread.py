@@ -8,8 +8,9 @@ import sys
 import keras
 import tensorflow as tf
 
+from trainer.loop.build import build
 from trainer.loop.inputs import PlacedIterator
-from trainer.loop.run import build, train
+from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.step import spread, traffic
 from trainer.step.sync import SyncUpdate

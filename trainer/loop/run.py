@@ -6,33 +6,24 @@ Usable without flags: `train(RunConfig(...))` returns the metrics it writes to `
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import time
 
-import keras
 import tensorflow as tf
 
-import data
-import models
 from launch import cluster as cluster_lib
+from trainer.loop.build import build, log_line
 from trainer.loop.controller import Loop
-from trainer.loop.evaluate import Evaluator
-from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_inputs, train_iterators
 from trainer.outputs import attempts as attempts_lib
 from trainer.outputs import banner, report, rundir
-from trainer.outputs.checkpoint import Checkpointer
 from trainer.outputs.event_files import purge_events
 from trainer.outputs.export import Serving, export_saved_model
 from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
-from trainer.settings.preprocess import DataSettings
-from trainer.step import footprint, modes, spread, towers
-from trainer.step.modes import mode_for
+from trainer.step import modes, towers
 from trainer.step.staleness import TowerFailed
-from trainer.step.updater import Updater
-from trainer.system import determinism, devices, distributed, runtime
+from trainer.system import distributed
 from trainer.system import stop as stop_lib
 
 
@@ -56,16 +47,16 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
     config = modes.settle(config)
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
-        rundir.check_resume(config, config.loop.allow_flag_changes, log=_log_line)
+        rundir.check_resume(config, config.loop.allow_flag_changes, log=log_line)
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
         job = cluster_lib.slurm_job(os.environ)
         try:
             return _train_attempt(config, stop, attempts, job, cluster)
         except stop_lib.StopRequested as e:
-            _log_line(str(e))
+            log_line(str(e))
             line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
-            _log_line(line)
+            log_line(line)
             raise
         except (stop_lib.Diverged, stop_lib.NoSpace) as e:
             attempts.end(f"{'diverged' if isinstance(e, stop_lib.Diverged) else 'failed'}: {e}")
@@ -100,16 +91,16 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     step = int(state.global_step.numpy())
     where = f"resumed from {restored} at step {step}" if restored else "fresh start at step 0"
     for line in banner.start_lines(config, state):
-        _log_line(line)
+        log_line(line)
     finished = _finished_metrics(config, step)
     if finished is not None:
-        _log_line(f"already complete: step {step} of --train_steps={config.loop.train_steps}; nothing to do")
+        log_line(f"already complete: step {step} of --train_steps={config.loop.train_steps}; nothing to do")
         return finished
     attempt = attempts.begin(step, job)
-    _log_line(_start_line(attempt, job, where))
-    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step, log=_log_line)
+    log_line(_start_line(attempt, job, where))
+    dropped = purge_events(config.loop.model_dir, attempt.resumed_from_step, log=log_line)
     if dropped:
-        _log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
+        log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
     with stop_lib.out_of_space(f"writing to {config.loop.model_dir} (TensorBoard events)", lambda: _kept(state)):
         results = _run_loop(config, state, attempts, stop)
     with stop_lib.out_of_space(f"exporting to {config.loop.model_dir}", lambda: _kept(state)):
@@ -118,7 +109,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
         metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
         report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
     for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
-        _log_line(line)
+        log_line(line)
     return metrics
 
 
@@ -132,7 +123,7 @@ def _export(config: RunConfig, state, step: int) -> str | None:
         return None
     _require_finite(state.model, step, "exporting")
     serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
-    export_saved_model(state.model, config, serving, step, _log_line)  # None: kept an existing one
+    export_saved_model(state.model, config, serving, step, log_line)  # None: kept an existing one
     return os.path.join(config.loop.model_dir, "export", str(step))
 
 
@@ -176,7 +167,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         summaries,
         trainable,
         variable_tags(trainable),
-        log=_log_line,
+        log=log_line,
         stop=stop,
         on_checkpoint=on_checkpoint,
         before_save=lambda step: _require_finite(state.model, step, "saving a checkpoint"),
@@ -185,12 +176,12 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     try:
         return loop.run()
     except (tf.errors.OpError, TowerFailed) as e:  # what `next(iterator)` in a step raised for bad data
-        explained = state.bad_records and state.bad_records.explain(e, training=True, log=_log_line)
+        explained = state.bad_records and state.bad_records.explain(e, training=True, log=log_line)
         if explained is None:
             raise
         raise explained from e
     except stop_lib.Diverged as e:  # NaN or inf features reach the towers unchecked: name the record, exit 2
-        explained = state.bad_records and state.bad_records.explain_divergence(e, log=_log_line)
+        explained = state.bad_records and state.bad_records.explain_divergence(e, log=log_line)
         if explained is None:
             raise
         raise explained from e
@@ -202,120 +193,3 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
 def _start_line(attempt: attempts_lib.Attempt, job, where: str) -> str:
     who = f"; {job.describe()}" if job is not None else ""
     return f"attempt {attempt.attempt} (host {attempt.host}, pid {attempt.pid}{who}): {where}"
-
-
-@dataclasses.dataclass
-class Trainer:
-    """Everything a run is made of, built and ready to step (see `build`)."""
-
-    config: RunConfig
-    placement: devices.Placement
-    model: keras.Model
-    optimizer: keras.optimizers.Optimizer
-    global_step: tf.Variable
-    iterators: list
-    mode: Updater  # the update mode's stepper (`trainer.step.modes`)
-    evaluator: Evaluator
-    checkpointer: Checkpointer
-    inputs: Inputs | None = None
-    bad_records: data.BadRecords | None = None  # `.count`: corrupt training records skipped so far
-    data_settings: DataSettings | None = None  # augmentation, normalization and cache, resolved
-
-
-def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Trainer:
-    """Validates `config` and builds devices, data, model, optimizer and update mode, without training.
-
-    Args:
-      config: the run.
-      train_dataset: replaces the TFRecord training input (e.g. the same data held in memory, for
-        benchmarks). It must yield micro-batches: every input stream (one per micro-batch index in sync mode,
-        one per tower in async mode) iterates it on its own.
-
-    Raises:
-      ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
-        what to change.
-    """
-    config = modes.settle(config)
-    runtime.apply(config.runtime, config.deterministic)  # threads and GPU memory: before the devices initialise
-    placement = devices.resolve(config.towers)
-    determinism.configure(config.seed, config.deterministic)
-    runtime.apply_grappler(config.runtime)  # after determinism's arithmetic_optimization
-    inputs = resolve_inputs(config.data)
-    # Every eval record once (CRCs, keys, labels; not the image decode, 8x slower): a bad eval file fails
-    # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
-    data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
-    bad_records = data.BadRecords(config.data.max_bad_records)
-    settings = data_settings(config, inputs)
-    model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
-    footprint.check_batch_fits(model, config, inputs.train.example_shape)  # before the pipeline and the graph
-    iterators = train_iterators(config, placement, inputs, train_dataset, bad_records, settings)
-    evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
-    mode = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)
-    positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
-    checkpointer = Checkpointer(
-        config.loop.model_dir,
-        config.loop.keep_checkpoints,
-        global_step,
-        log=_log_line,
-        model=model,
-        optimizer=optimizer,
-        bad_records=bad_records.table,  # so the count, and the records already skipped, survive a resume
-        **positions,
-    )
-    return Trainer(
-        config,
-        placement,
-        model,
-        optimizer,
-        global_step,
-        iterators,
-        mode,
-        evaluator,
-        checkpointer,
-        inputs,
-        bad_records,
-        settings,
-    )
-
-
-def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inputs: Inputs, bad_records, settings):
-    make_dataset = eval_dataset_fn(config, inputs, bad_records, settings.preprocess)
-    return Evaluator(model, placement, make_dataset, explain=lambda e: bad_records.explain(e, False, _log_line))
-
-
-def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, inputs: Inputs):
-    """Model, optimizer (slots built) and global step on the parameter device; with `spread_over`, each
-    model variable and its slots on its owner (`trainer.step.spread`), the step and learning rate on the first
-    tower's device."""
-    _set_precision(config.towers.mixed_precision)
-    with tf.device(placement.parameter_device):
-        model = _build_placed_model(config, placement, inputs)
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        optimizer = mode_for(config.towers.update_mode).make_optimizer(config, global_step)
-        if config.towers.mixed_precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
-        spread.place_updates(optimizer)
-    return model, optimizer, global_step
-
-
-def _build_placed_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
-    def build_fn():
-        return models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
-
-    if not placement.spread_over:
-        return build_fn()
-    return spread.build_spread(build_fn, placement.spread_over, reseed=lambda: keras.utils.set_random_seed(config.seed))
-
-
-_POLICIES = {"": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
-
-
-def _set_precision(mixed_precision: str) -> None:
-    """Sets Keras's global dtype policy for the model about to be built (compute in bf16/fp16, variables in
-    float32). The policy is process-wide, so every run sets it, float32 included."""
-    keras.mixed_precision.set_global_policy(_POLICIES[mixed_precision])
-
-
-def _log_line(text: str) -> None:
-    print(text, flush=True)
