@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import time
 
@@ -100,7 +99,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     where = f"resumed from {restored} at step {step}" if restored else "fresh start at step 0"
     for line in banner.start_lines(config, state):
         _log_line(line)
-    finished = _finished_metrics(config, step)
+    finished = report.finished_metrics(config.loop.model_dir, config.loop.train_steps, step, state.model, _log_line)
     if finished is not None:
         _log_line(f"already complete: step {step} of --train_steps={config.loop.train_steps}; nothing to do")
         return finished
@@ -123,17 +122,6 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
         _log_line(line)
     return metrics
-
-
-def _finished_metrics(config: RunConfig, step: int) -> dict | None:
-    """The metrics of a run that a previous start finished (its checkpoint at --train_steps and its
-    metrics.json of that step), or None: a rerun then neither retrains, re-evaluates nor re-exports."""
-    path = os.path.join(config.loop.model_dir, "metrics.json")
-    if step < config.loop.train_steps or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        metrics = json.load(f)
-    return metrics if metrics.get("global_step") == step else None
 
 
 def _require_finite(model, step: int, doing: str) -> None:
