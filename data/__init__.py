@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
     from data.integrity import BadRecords
-    from data.parse import normalizer, serving_images
+    from data.parse import decoded_images, normalizer, serving_images
     from data.reader import decode_share, inspect_records, list_files, make_dataset
     from data.writer import write_dense_records, write_image_records
 
@@ -34,6 +34,7 @@ _LAZY = {
     "write_image_records": "data.writer",
     "write_dense_records": "data.writer",
     "ensure_digits": "data.digits",
+    "decoded_images": "data.parse",
     "normalizer": "data.parse",
     "serving_images": "data.parse",
 }
@@ -50,6 +51,7 @@ __all__ = [
     "RecordInfo",
     "check_records",
     "decode_share",
+    "decoded_images",
     "ensure_digits",
     "find_bad_record",
     "inspect_records",

@@ -108,10 +108,34 @@ def serving_images(info: RecordInfo, preprocess: Preprocess):
     the same bytes (decoded; eval's central crop under imagenet augmentation; resized bilinear to (H, W);
     [0, 1]; normalized), but of any size: bilinear resizing to the same size is the identity (bitwise), so
     resizing every image matches eval's records and lets clients send other sizes. For the serving export."""
-    schema = dataclasses.replace(info.schema, image_size=info.example_shape[:2])
-    images_of = _per_image(_image_loader(schema, info.example_shape, preprocess.augment, random=False), info)
-    finish = _finisher(preprocess, False, None)
+    images_of, finish = _eval_images(info, preprocess)
     return lambda encoded: finish(images_of, encoded, None)
+
+
+def decoded_images(info: RecordInfo, preprocess: Preprocess, scale: float = 1.0):
+    """`images(pixels [B, H, W, C]) -> float32 [B, H, W, C]`: eval's steps after its decoder, applied to
+    images decoded already at the example's (H, W): `pixels * scale` as [0, 255] values, eval's central crop
+    under imagenet augmentation, resized bilinear to (H, W) (the identity otherwise, bitwise), [0, 1],
+    normalized. scale: 1 for uint8 pixels, 255 for pixel / 255 floats (k / 255 * 255 == k in float32, so
+    both give eval's values). For the serving export's predict_uint8 and predict_float."""
+    images_of, finish = _eval_images(info, preprocess, _Decoded())
+    return lambda pixels: finish(images_of, tf.cast(pixels, tf.float32) * scale, None)
+
+
+class _Decoded:
+    """Stands in for `DecodedRecords` in `_image_loader` when each source is an image already decoded."""
+
+    images = None
+
+    def image(self, source: tf.Tensor) -> tf.Tensor:
+        return source
+
+
+def _eval_images(info: RecordInfo, preprocess: Preprocess, records=None):
+    """(images_of, finish) of eval's pipeline, resizing every image to the example's (H, W)."""
+    schema = dataclasses.replace(info.schema, image_size=info.example_shape[:2])
+    load = _image_loader(schema, info.example_shape, preprocess.augment, random=False, records=records)
+    return _per_image(load, info), _finisher(preprocess, False, None)
 
 
 def normalizer(preprocess: Preprocess):

@@ -129,6 +129,9 @@ def test_contract_file_states_inputs_outputs_and_labels(digits_run):
         "range": [0.0, 1.0],
         "layout": "NHWC",
         "scaling": "pixel / 255",
+        "content": "decoded pixels at 8x8, divided by 255",
+        "in_graph": "multiplied by 255 (exact for pixel / 255), resized bilinear to 8x8 (the identity), scaled by "
+        "1/255, not normalized: what eval does to the records",
     }
     assert contract["signatures"]["predict_uint8"]["images"]["range"] == [0, 255]
     assert set(contract["outputs"]) == OUTPUT_NAMES

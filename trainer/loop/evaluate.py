@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from trainer.step import towers as tw
@@ -57,20 +58,43 @@ class Evaluator:
             raise ValueError("the eval data holds no examples")
         return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_examples": count}
 
+    def predictions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(logits float32 [N, classes], labels int32 [N]) of every eval example, in the eval data's order: the
+        logits `evaluate` scores (the same towers, split and graph; its prediction is their argmax). For
+        checking what serves against what was evaluated."""
+        logits_fn = tf.function(self._batch_logits)
+        logits, labels = [], []
+        for features, batch_labels in self.make_dataset():
+            logits.append(logits_fn(features, batch_labels).numpy())
+            labels.append(batch_labels.numpy())
+        return np.concatenate(logits), np.concatenate(labels)
+
     def _batch_sums(self, features, labels):
-        num_towers = len(self.placement.towers)
-        with tf.device(self.placement.host):
-            size = tf.shape(labels)[0]
-            sizes = size // num_towers + tf.cast(tf.range(num_towers) < size % num_towers, tf.int32)
-            feature_parts = tf.split(features, sizes, num=num_towers)
-            label_parts = tf.split(labels, sizes, num=num_towers)
         losses, corrects = [], []
-        for device, x, y in zip(self.placement.towers, feature_parts, label_parts, strict=True):
+        for device, logits, y in self._tower_logits(features, labels):
             with tf.device(device):
-                logits = tf.cast(self.model(x, training=False), tf.float32)
                 per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
                 losses.append(tf.reduce_sum(per_example))
                 hits = tf.equal(tf.argmax(logits, axis=-1, output_type=y.dtype), y)
                 corrects.append(tf.reduce_sum(tf.cast(hits, tf.int32)))
         with tf.device(self.placement.parameter_device):
             return tw.ordered_sum(losses), tw.ordered_sum(corrects)
+
+    def _batch_logits(self, features, labels):
+        parts = [logits for _, logits, _ in self._tower_logits(features, labels)]
+        with tf.device(self.placement.host):
+            return tf.concat(parts, axis=0)
+
+    def _tower_logits(self, features, labels) -> list[tuple[str, tf.Tensor, tf.Tensor]]:
+        """(tower, logits float32, labels) of each tower's part of the batch: part i on tower i, in tower order."""
+        num_towers = len(self.placement.towers)
+        with tf.device(self.placement.host):
+            size = tf.shape(labels)[0]
+            sizes = size // num_towers + tf.cast(tf.range(num_towers) < size % num_towers, tf.int32)
+            feature_parts = tf.split(features, sizes, num=num_towers)
+            label_parts = tf.split(labels, sizes, num=num_towers)
+        parts = []
+        for device, x, y in zip(self.placement.towers, feature_parts, label_parts, strict=True):
+            with tf.device(device):
+                parts.append((device, tf.cast(self.model(x, training=False), tf.float32), y))
+        return parts

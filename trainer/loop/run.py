@@ -6,7 +6,6 @@ Usable without flags: `train(RunConfig(...))` returns the metrics it writes to `
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 
@@ -92,7 +91,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     where = f"resumed from {restored} at step {step}" if restored else "fresh start at step 0"
     for line in banner.start_lines(config, state):
         log_line(line)
-    finished = _finished_metrics(config, step)
+    finished = report.finished_metrics(config.loop.model_dir, config.loop.train_steps, step, state.model, log_line)
     if finished is not None:
         log_line(f"already complete: step {step} of --train_steps={config.loop.train_steps}; nothing to do")
         return finished
@@ -125,17 +124,6 @@ def _export(config: RunConfig, state, step: int) -> str | None:
     serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
     export_saved_model(state.model, config, serving, step, log_line)  # None: kept an existing one
     return os.path.join(config.loop.model_dir, "export", str(step))
-
-
-def _finished_metrics(config: RunConfig, step: int) -> dict | None:
-    """The metrics of a run that a previous start finished (its checkpoint at --train_steps and its
-    metrics.json of that step), or None: a rerun then neither retrains, re-evaluates nor re-exports."""
-    path = os.path.join(config.loop.model_dir, "metrics.json")
-    if step < config.loop.train_steps or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        metrics = json.load(f)
-    return metrics if metrics.get("global_step") == step else None
 
 
 def _require_finite(model, step: int, doing: str) -> None:

@@ -3,11 +3,12 @@
 TF Serving's layout (one numbered directory per version under `--model_base_path=model_dir/export`). Each
 signature does in-graph what the eval input pipeline does, with the run's own resolved preprocessing (the
 `data.Preprocess` object eval uses: `trainer.settings.preprocess.DataSettings`), so a client never has to
-guess: `serving_default` decodes encoded images, takes eval's central crop under --augment=imagenet, resizes
-bilinear to the model's (H, W) and scales by 1/255 (`data.serving_images`); `predict_uint8` and
-`predict_float` take images at (H, W) as eval's decoder leaves them. All three then apply --normalize, as eval
-does. Every signature returns `logits`, `probabilities` (softmax) and `classes` (argmax, int64), float32
-even under mixed precision. `assets.extra/towerflow_serving.json` records the same contract as data.
+guess: `serving_default` decodes encoded images (`data.serving_images`); `predict_uint8` takes images decoded
+at (H, W), `predict_float` the same divided by 255 (`data.decoded_images`). Each then does what eval does
+after its decoder, with eval's own loader: the central 87.5% crop under --augment=imagenet, bilinear resizing
+to (H, W) (the identity for an (H, W) image without a crop), / 255, --normalize. Every signature returns
+`logits`, `probabilities` (softmax) and `classes` (argmax, int64), float32 even under mixed precision.
+`assets.extra/towerflow_serving.json` records the same contract as data.
 
 An existing `export/<step>/` is never overwritten (a rerun of a finished run keeps it); a new version is
 written into a hidden sibling and renamed into place, so a kill mid-export leaves no numbered directory.
@@ -24,6 +25,7 @@ import keras
 import tensorflow as tf
 
 import data
+from data.augment import EVAL_CROP_FRACTION
 from trainer.settings.config import RunConfig
 
 SERVING_FILE = os.path.join("assets.extra", "towerflow_serving.json")
@@ -114,12 +116,11 @@ def _archive(model: keras.Model, inputs: Serving) -> keras.export.ExportArchive:
     images_uint8 = tf.TensorSpec([None, *shape], tf.uint8, name="images")
     image_bytes = tf.TensorSpec([None], tf.string, name="image_bytes")
     decode = data.serving_images(inputs.train, inputs.preprocess)
-    normalize = data.normalizer(inputs.preprocess)
+    from_uint8 = data.decoded_images(inputs.train, inputs.preprocess)
+    from_float = data.decoded_images(inputs.train, inputs.preprocess, scale=255.0)
     archive.add_endpoint("serving_default", lambda image_bytes: outputs(decode(image_bytes)), [image_bytes])
-    archive.add_endpoint(
-        "predict_uint8", lambda images: outputs(normalize(tf.cast(images, tf.float32) / 255.0)), [images_uint8]
-    )
-    archive.add_endpoint("predict_float", lambda images: outputs(normalize(images)), [images_float])
+    archive.add_endpoint("predict_uint8", lambda images: outputs(from_uint8(images)), [images_uint8])
+    archive.add_endpoint("predict_float", lambda images: outputs(from_float(images)), [images_float])
     return archive
 
 
@@ -145,41 +146,74 @@ def contract(config: RunConfig, inputs: Serving, step: int) -> dict:
 
 
 def _signature_inputs(inputs: Serving) -> dict:
-    """signature name -> {input name -> dtype, shape, range, layout}: what `_archive` builds, as data."""
+    """signature name -> {input name -> dtype, shape, range, layout, what is done to it}: `_archive`, as data."""
     shape = list(inputs.train.example_shape)
     if _is_dense(inputs):
         features = {"features": {"dtype": "float32", "shape": [None, *shape], "range": "as stored in the records"}}
         return {"serving_default": features, "predict_float": features}
     height, width, channels = shape
-    crop = "the central 87.5% of each side taken (eval's crop), " if inputs.preprocess.augment == "imagenet" else ""
+    after = _eval_steps(inputs.preprocess, height, width, at_size=False)
+    at_size = _eval_steps(inputs.preprocess, height, width, at_size=True)
     image_bytes = {
         "dtype": "string",
         "shape": [None],
-        "content": f"encoded JPEG, PNG, BMP, GIF or WebP (first frame of an animation), any size; decoded to "
-        f"{channels} channel(s), {crop}resized bilinear to {height}x{width}, scaled by 1/255, then normalized as "
-        "`preprocessing` says",
+        "content": "encoded JPEG, PNG, BMP, GIF or WebP (first frame of an animation), any size",
+        "in_graph": f"decoded to {channels} channel(s), {after}",
     }
+    images = {"shape": [None, *shape], "layout": "NHWC"}
     return {
         "serving_default": {"image_bytes": image_bytes},
-        "predict_uint8": {"images": {"dtype": "uint8", "shape": [None, *shape], "range": [0, 255], "layout": "NHWC"}},
+        "predict_uint8": {
+            "images": {
+                "dtype": "uint8",
+                **images,
+                "range": [0, 255],
+                "content": f"decoded pixels at {height}x{width}",
+                "in_graph": f"cast to float32, {at_size}",
+            }
+        },
         "predict_float": {
             "images": {
                 "dtype": "float32",
-                "shape": [None, *shape],
+                **images,
                 "range": [0.0, 1.0],
-                "layout": "NHWC",
                 "scaling": "pixel / 255",
+                "content": f"decoded pixels at {height}x{width}, divided by 255",
+                "in_graph": f"multiplied by 255 (exact for pixel / 255), {at_size}",
             }
         },
     }
 
 
+def _eval_steps(preprocess: data.Preprocess, height: int, width: int, at_size: bool) -> str:
+    """What an image signature does after its input is pixels in [0, 255], in words: eval's steps. at_size:
+    the input is at (H, W) already, where resizing without a crop is the identity."""
+    crop = f"the central {EVAL_CROP_FRACTION:.1%} of each side taken (eval's crop), " if _crops(preprocess) else ""
+    resize = f"resized bilinear to {height}x{width}" + (" (the identity)" if at_size and not crop else "")
+    norm = "normalized (x - mean) / std as `preprocessing` says" if preprocess.mean is not None else "not normalized"
+    return f"{crop}{resize}, scaled by 1/255, {norm}: what eval does to the records"
+
+
+def _crops(preprocess: data.Preprocess) -> bool:
+    return preprocess.augment == "imagenet"
+
+
 def _preprocessing(preprocess: data.Preprocess) -> dict:
-    """What every image signature applies after its input is scaled to [0, 1]: eval's, of this run."""
+    """What every image signature applies after its input is pixels in [0, 255]: eval's, of this run."""
     normalize = None
     if preprocess.mean is not None:
         normalize = {"mean": list(preprocess.mean), "std": list(preprocess.std), "what": "(x - mean) / std"}
-    return {"eval_crop": preprocess.augment == "imagenet", "normalize": normalize}
+    steps = ["eval_crop"] if _crops(preprocess) else []
+    steps += ["resize_bilinear", "scale_1/255"] + (["normalize"] if normalize else [])
+    return {
+        "augment": preprocess.augment,
+        "eval_crop": _crops(preprocess),
+        "eval_crop_fraction": EVAL_CROP_FRACTION if _crops(preprocess) else None,
+        "normalize": normalize,
+        "steps": steps,
+        "applies_to": "every signature, after its input is read as pixels in [0, 255] at the model's (H, W) "
+        "(serving_default: decoded, any size)",
+    }
 
 
 def _write_contract(export_dir: str, contract_: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 
 import numpy as np
 
@@ -25,6 +26,28 @@ def weights_sha256(variables) -> str:
     for variable in variables:
         digest.update(np.ascontiguousarray(np.asarray(variable.numpy())).tobytes())
     return digest.hexdigest()
+
+
+def finished_metrics(model_dir: str, train_steps: int, step: int, model, log) -> dict | None:
+    """The metrics of a run that a previous start finished (its checkpoint at `train_steps`, restored in
+    `model`, and its metrics.json of that step and of these weights), or None: a rerun then neither retrains,
+    re-evaluates nor re-exports. A damaged metrics.json (unreadable, or of other weights) is not trusted: the
+    run is evaluated again and the file rewritten; `log` says so."""
+    path = os.path.join(model_dir, "metrics.json")
+    if step < train_steps or not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            metrics = json.loads(f.read().decode("utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        log(f"{path} is unreadable ({type(e).__name__}: {e}); evaluating the finished run again")
+        return None
+    if not isinstance(metrics, dict) or metrics.get("global_step") != step:
+        return None
+    if metrics.get("weights_sha256") != weights_sha256(model.variables):
+        log(f"{path} does not hold the weights of the checkpoint at step {step}; evaluating it again")
+        return None
+    return metrics
 
 
 def write_json(path: str, values) -> None:

@@ -118,9 +118,7 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
     path = os.path.join(model_dir, RUN_FILE)
     current = defining_settings(config)
     if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
-        with open(path) as f:
-            # a setting newer than the recorded run had its default value then, or what PREDATES says
-            recorded = _resolved({**defining_settings(RunConfig()), **PREDATES, **json.load(f)})
+        recorded = _recorded_settings(path)
         changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
         changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:
@@ -128,12 +126,34 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
             raise RunDirError(
                 f"{model_dir} holds a run these flags would change ({changes}). Resume with its flags "
                 f"(--flagfile={os.path.join(model_dir, 'flags.txt')}{reproduce}), use a new --model_dir, or pass "
-                f"--allow_flag_changes to resume anyway"
+                f"--allow_flag_changes to resume anyway (the run's settings are recorded in {path})"
             )
         if changes:
             log(f"resuming with changed settings (--allow_flag_changes): {changes}")
         _warn_if_schedule_stretched(config, log)
     report.write_json(path, current)
+
+
+def _recorded_settings(path: str) -> dict:
+    """run.json's settings, resolved; a setting newer than the recorded run had its default value then, or
+    what PREDATES says.
+
+    Raises:
+      RunDirError: the file is damaged (not UTF-8, not JSON, not an object, a value that does not parse); the
+        message names it and how to go on without it.
+    """
+    try:
+        with open(path, "rb") as f:
+            recorded = json.loads(f.read().decode("utf-8"))
+        if not isinstance(recorded, dict):
+            raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
+        return _resolved({**defining_settings(RunConfig()), **PREDATES, **recorded})
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError is a ValueError
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        raise RunDirError(
+            f"{path} is unreadable ({why}); it records the settings a resume must keep. Restore it, or delete "
+            "it to resume without that check (flags.history holds the flags of every start)"
+        ) from None
 
 
 def _change(setting: str, recorded: dict, current: dict, config: RunConfig) -> str:
@@ -157,7 +177,7 @@ def _warn_if_schedule_stretched(config: RunConfig, log) -> None:
 def _recorded_flag(model_dir: str, name: str) -> str | None:
     """The value of --name in the flags.txt of the previous start, or None."""
     try:
-        with open(os.path.join(model_dir, "flags.txt")) as f:
+        with open(os.path.join(model_dir, "flags.txt"), errors="replace") as f:  # a damaged file: no warning
             lines = f.read().splitlines()
     except OSError:
         return None
