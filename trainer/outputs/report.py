@@ -83,7 +83,7 @@ def _plain(value):
 
 def final_metrics(config, state, results: dict, examples_per_sec: float | None, attempts: list) -> dict:
     """metrics.json: the loop's final `results`, what was trained on what (towers, placement, data settings,
-    versions, runtime) and the weights hash, from `state` (a `trainer.loop.run.Trainer`). `examples_per_sec` and
+    versions, runtime) and the weights hash, from `state` (a `trainer.loop.build.Trainer`). `examples_per_sec` and
     `attempts` cover every attempt of the run (`trainer.outputs.attempts.AttemptLog`)."""
     t = config.towers
     metrics = {
