@@ -2,7 +2,7 @@
 
 Each case trains briefly on real image records (`python -m data.prepare synthetic`, 32x32x3, PNG or JPEG),
 then two fresh processes answer for the same eval files: the trainer's own eval pipeline and model (its flags
-from flags.txt, `trainer.loop.run.build`, the final checkpoint restored, `Evaluator.predictions`: the towers,
+from flags.txt, `trainer.loop.build.build`, the final checkpoint restored, `Evaluator.predictions`: the towers,
 split and graph that computed metrics.json's eval_accuracy), and a client that imports only TensorFlow and
 feeds the export the eval records' encoded images (`serving_default`), their decoded uint8 pixels
 (`predict_uint8`) and pixels / 255 (`predict_float`). Five runs cover each augmentation and each
