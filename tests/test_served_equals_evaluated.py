@@ -35,12 +35,12 @@ SIGNATURES = ("serving_default", "predict_uint8", "predict_float")
 _EVAL = r"""
 import json, sys
 from absl import flags
-from trainer.loop import run
+from trainer.loop.build import build
 from trainer.settings import flags as tf_flags
 
 tf_flags.define_flags()
 flags.FLAGS(["eval", f"--flagfile={sys.argv[1]}/flags.txt"])
-trainer = run.build(tf_flags.config_from_flags(flags.FLAGS))
+trainer = build(tf_flags.config_from_flags(flags.FLAGS))
 assert trainer.checkpointer.restore_latest() is not None
 logits, labels = trainer.evaluator.predictions()
 print(json.dumps({"logits": logits.tolist(), "labels": labels.tolist()}))
