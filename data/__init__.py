@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
     from data.integrity import BadRecords
-    from data.parse import decoded_images, normalizer, serving_images
+    from data.parse import decoded_images, serving_images
     from data.reader import decode_share, inspect_records, list_files, make_dataset
     from data.writer import write_dense_records, write_image_records
 
@@ -35,7 +35,6 @@ _LAZY = {
     "write_dense_records": "data.writer",
     "ensure_digits": "data.digits",
     "decoded_images": "data.parse",
-    "normalizer": "data.parse",
     "serving_images": "data.parse",
 }
 
@@ -57,7 +56,6 @@ __all__ = [
     "inspect_records",
     "list_files",
     "make_dataset",
-    "normalizer",
     "serving_images",
     "write_dense_records",
     "write_image_records",

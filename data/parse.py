@@ -138,11 +138,6 @@ def _eval_images(info: RecordInfo, preprocess: Preprocess, records=None):
     return _per_image(load, info), _finisher(preprocess, False, None)
 
 
-def normalizer(preprocess: Preprocess):
-    """`normalize(images in [0, 1]) -> images` as eval applies `preprocess`'s normalization (or none)."""
-    return augment_lib.normalizer(preprocess.mean, preprocess.std)
-
-
 def _is_random(preprocess: Preprocess, training: bool, stream_key) -> bool:
     random = training and preprocess.augment != "none"
     if random and stream_key is None:
