@@ -27,9 +27,10 @@ def reference(tmp_path_factory):
     return metrics(model_dir)
 
 
-@pytest.mark.parametrize("num_tasks, envs", [(2, tf_config_envs), (4, slurm_envs)])
-def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, envs):
-    job = Job(tmp_path / "run", envs(num_tasks), 4 // num_tasks, *LAYOUT)
+@pytest.mark.parametrize("num_tasks, envs, placement", [(2, tf_config_envs, "cpu"), (4, slurm_envs, "gpu")])
+def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, envs, placement):
+    """K = 4 on 1 x 4 (the reference, variables on the CPU), 2 x 2 and 4 x 1 (variables on the first tower)."""
+    job = Job(tmp_path / "run", envs(num_tasks), 4 // num_tasks, *LAYOUT, f"--parameter_device={placement}")
     assert job.wait() == [0] * num_tasks, job.output(0)[-3000:]
     result = metrics(tmp_path / "run")
     assert result["weights_sha256"] == reference["weights_sha256"]
@@ -43,6 +44,21 @@ def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, en
     per_task = 4 // num_tasks
     want = {f"tower_step_sec/task_{t}_cpu_{g}" for t in range(num_tasks) for g in range(per_task)}
     assert want <= _train_tags(tmp_path / "run")  # TensorBoard names the towers by task and device
+
+
+def test_six_micro_batches_train_the_same_weights_on_every_layout_and_placement(tmp_path):
+    """K = 6 on 1 x 6, 2 x 3 (each task's block is two subtrees of the sum: two partial sums per task) and
+    3 x 2, each with another parameter placement: one set of weights."""
+    flags = ("--micro_batches=6", "--global_batch_size=48", "--train_steps=6", "--checkpoint_every_steps=0")
+    hashes = {}
+    for tasks, placement in [(1, "gpu"), (2, "spread"), (3, "cpu")]:
+        envs = tf_config_envs(tasks) if tasks > 1 else [{}]
+        job = Job(tmp_path / f"{tasks}x{6 // tasks}", envs, 6 // tasks, *flags, f"--parameter_device={placement}")
+        assert job.wait() == [0] * tasks, job.output(0)[-3000:]
+        result = metrics(tmp_path / f"{tasks}x{6 // tasks}")
+        assert result["global_step"] == 6
+        hashes[tasks, placement] = result["weights_sha256"]
+    assert len(set(hashes.values())) == 1, hashes
 
 
 def _train_tags(model_dir) -> set[str]:
@@ -70,12 +86,12 @@ def test_spread_variables_over_the_towers_of_every_task(tmp_path):
     }
 
 
-def test_whole_job_killed_then_resumed_is_bitwise_the_same(tmp_path, reference):
+def test_whole_job_killed_then_resumed_on_another_layout_is_bitwise_the_same(tmp_path, reference):
     job = Job(tmp_path / "run", slurm_envs(2), 2, *LAYOUT)
     job.wait_for_step(7)
     job.kill()  # SIGKILL to every task, as a node failure or `scancel --signal=KILL` would
-    rerun = Job(tmp_path / "run", slurm_envs(2), 2, *LAYOUT)
-    assert rerun.wait() == [0, 0], rerun.output(0)[-3000:]
+    rerun = Job(tmp_path / "run", slurm_envs(4), 1, *LAYOUT)  # 2 x 2 -> 4 x 1: the same K, the same sum
+    assert rerun.wait() == [0] * 4, rerun.output(0)[-3000:]
     assert "resumed from" in rerun.output(0) and "at step 6" in rerun.output(0)
     assert metrics(tmp_path / "run")["weights_sha256"] == reference["weights_sha256"]
 

@@ -183,3 +183,39 @@ def test_cli_refuses_auto_augmentation_on_a_run_from_before_it(tmp_path):
     assert "--augment: 'none' -> 'crop_flip' (auto for resnet20)" in refused.stderr
     assert "--augment=none), use a new --model_dir, or pass --allow_flag_changes" in refused.stderr
     assert _cli(*common[:3], "--train_steps=2", *common[4:], "--augment=none").returncode == 0
+
+
+def _chain_run(make_config, tmp_path, **config):
+    """A model_dir with a checkpoint and the run.json of a run from before the tree sum (no gradient order)."""
+    run = tmp_path / "run"
+    os.makedirs(run / "checkpoints")
+    (run / "checkpoints" / "ckpt-2.index").write_bytes(b"")
+    recorded = rundir.defining_settings(resolve(make_config(**config)))
+    recorded.pop("towers.gradient_order", None)  # async records none: its updates sum nothing
+    (run / rundir.RUN_FILE).write_text(json.dumps(recorded))
+    return run
+
+
+def test_a_run_summed_left_to_right_is_not_resumed_with_the_tree_unless_allowed(make_config, tmp_path, capsys):
+    four = make_config(towers={"num_towers": 2, "micro_batches": 4})
+    run = _chain_run(make_config, tmp_path, towers={"num_towers": 2, "micro_batches": 4})
+    with pytest.raises(
+        rundir.RunDirError, match=r"\(the order of the gradient sum \(docs/determinism.md\): 'chain' -> 'tree'\)"
+    ):
+        rundir.check_resume(resolve(four), allow_changes=False)
+    rundir.check_resume(resolve(four), allow_changes=True)
+    assert "the order of the gradient sum (docs/determinism.md): 'chain' -> 'tree'" in capsys.readouterr().out
+    assert json.loads((run / rundir.RUN_FILE).read_text())["towers.gradient_order"] == "tree"
+
+
+@pytest.mark.parametrize(
+    "towers",
+    [
+        {"num_towers": 1, "micro_batches": 3, "global_batch_size": 48},
+        {"num_towers": 4, "update_mode": "async", "micro_batches": 4},
+    ],
+)
+def test_where_the_orders_agree_a_left_to_right_run_resumes(make_config, tmp_path, towers):
+    """Up to 3 micro-batches the chain is the tree; async sums nothing."""
+    _chain_run(make_config, tmp_path, towers=towers)
+    rundir.check_resume(resolve(make_config(towers=towers)), allow_changes=False)

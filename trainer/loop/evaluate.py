@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from trainer.step import towers as tw
+from trainer.step import tree
 from trainer.system.devices import Placement
 
 
@@ -78,7 +78,7 @@ class Evaluator:
                 hits = tf.equal(tf.argmax(logits, axis=-1, output_type=y.dtype), y)
                 corrects.append(tf.reduce_sum(tf.cast(hits, tf.int32)))
         with tf.device(self.placement.parameter_device):
-            return tw.ordered_sum(losses), tw.ordered_sum(corrects)
+            return tree.tree_sum(losses), tree.tree_sum(corrects)
 
     def _batch_logits(self, features, labels):
         parts = [logits for _, logits, _ in self._tower_logits(features, labels)]

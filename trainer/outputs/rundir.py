@@ -22,16 +22,21 @@ from trainer.settings import table
 from trainer.settings.config import ConfigError, Normalization, RunConfig, flatten
 from trainer.settings.flag import FIXED
 from trainer.settings.preprocess import resolve_augment
+from trainer.step import tree
 from trainer.step.modes import mode_for
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
 # Settings that define the run and are not flags: the number of tasks (a sync run's mode lets it change).
 DERIVED = ("towers.num_tasks",)
+# Settings of the code, not of any flag, that decide the bits: the order the K micro-batch gradients are summed
+# in (`trainer.step.tree`), with how a refused resume names it.
+CODE = {"towers.gradient_order": tree.ORDER}
+CODE_NAMES = {"towers.gradient_order": "the order of the gradient sum (docs/determinism.md)"}
 # What the runs before a setting existed did, where a run.json without it must not be read as today's default:
 # before --augment and --normalize (commit b1283dc) images were scaled to [0, 1] (/255) and nothing else, and
-# --augment=auto now augments resnet20 and resnet50.
-PREDATES = {"data.augment": "none", "data.normalize": "none"}
+# --augment=auto now augments resnet20 and resnet50; before towerflow 0.2 gradients were summed left to right.
+PREDATES = {"data.augment": "none", "data.normalize": "none", "towers.gradient_order": "chain"}
 # Settings whose recorded value reproduces the run when given on the command line: a flags.txt written before
 # the setting existed does not hold it, so --flagfile alone would not.
 REPRODUCE = ("data.augment", "data.normalize")
@@ -89,19 +94,24 @@ def defining_settings(config: RunConfig) -> dict:
     defining = {k: flat[k] for k in (*names, *DERIVED) if k not in may_change}
     if "towers.num_micro_batches" not in may_change:
         defining["towers.num_micro_batches"] = config.towers.num_micro_batches
+    defining.update({k: v for k, v in CODE.items() if k not in may_change})
     return _resolved({k: _jsonable(v) for k, v in sorted(defining.items())})
 
 
 def _resolved(settings: dict) -> dict:
     """`settings` with --augment and --normalize as what they do to the images: auto resolved for the run's
     model, one spelling per normalization. The current settings are resolved already (`trainer.settings.resolve`);
-    run.json files written before that held `auto` and the flag's spelling."""
+    run.json files written before that held `auto` and the flag's spelling. Up to 3 micro-batches the
+    left-to-right chain is the tree ((0 + 1) + 2), so the two orders are one there."""
     dense = settings["data.record_schema"] == "dense"
-    return {
+    resolved = {
         **settings,
         "data.augment": resolve_augment(settings["data.augment"], settings["model.name"], dense),
         "data.normalize": Normalization.parse(settings["data.normalize"]).text,
     }
+    if "towers.gradient_order" in settings and settings["towers.num_micro_batches"] <= 3:
+        resolved["towers.gradient_order"] = tree.ORDER
+    return resolved
 
 
 def _jsonable(value):
@@ -119,7 +129,8 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
     current = defining_settings(config)
     if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
         recorded = _recorded_settings(path)
-        changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+        free = mode_for(config.towers.update_mode).resume_may_change
+        changed = sorted(k for k in (set(recorded) | set(current)) - free if recorded.get(k) != current.get(k))
         changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:
             reproduce = "".join(f" --{table.flag_name(k)}={recorded[k]}" for k in changed if k in REPRODUCE)
@@ -159,7 +170,8 @@ def _recorded_settings(path: str) -> dict:
 def _change(setting: str, recorded: dict, current: dict, config: RunConfig) -> str:
     """`--flag: recorded -> now`, saying where now's augmentation came from when --augment=auto chose it."""
     auto = f" (auto for {config.model.name})" if setting == "data.augment" and config.data.augment_auto else ""
-    return f"--{table.flag_name(setting)}: {recorded.get(setting)!r} -> {current.get(setting)!r}{auto}"
+    name = CODE_NAMES.get(setting, f"--{table.flag_name(setting)}")
+    return f"{name}: {recorded.get(setting)!r} -> {current.get(setting)!r}{auto}"
 
 
 def _warn_if_schedule_stretched(config: RunConfig, log) -> None:

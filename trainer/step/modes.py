@@ -87,6 +87,7 @@ class AsyncMode(UpdateMode):
     """Every tower updates on its own, one micro-batch per update (`trainer.step.asynchronous`)."""
 
     name = "async"
+    resume_may_change = frozenset({"towers.gradient_order"})  # no sum of gradients: each update is one's own
 
     def check(self, config: RunConfig) -> None:
         if config.deterministic:

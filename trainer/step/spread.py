@@ -6,8 +6,8 @@ of the model's bytes and moves about 2(N-1)/N x model bytes per step (`trainer.s
 
 The assignment is greedy by bytes in `model.variables` order: each variable goes to the device holding the
 fewest bytes so far, ties to the lowest index. It depends only on the variables' shapes and dtypes, so it is
-the same in every process and on every rerun. The arithmetic of a step is unchanged (the same per-element
-add chain in micro-batch order); only where each op runs changes, so the weights are bitwise those of
+the same in every process and on every rerun. The arithmetic of a step is unchanged (the same tree of adds,
+`trainer.step.tree`); only where each op runs changes, so the weights are bitwise those of
 `--parameter_device=gpu|cpu`.
 """
 
@@ -94,12 +94,12 @@ def build_spread(build_fn, devices: tuple[str, ...], reseed):
     with _place_creation(devices_in_order):
         model = build_fn()
     for variable, owner in zip(model.variables, owners, strict=True):
-        if tf.DeviceSpec.from_string(variable.value.device) != _full(devices[owner]):
+        if tf.DeviceSpec.from_string(variable.value.device) != full_name(devices[owner]):
             raise RuntimeError(f"{variable.path} was built on {variable.value.device}, not {devices[owner]}")
     return model
 
 
-def _full(device: str) -> tf.DeviceSpec:
+def full_name(device: str) -> tf.DeviceSpec:
     """`device` completed the way TensorFlow names a local variable's device."""
     return tf.DeviceSpec.from_string("/job:localhost/replica:0/task:0").make_merged_spec(
         tf.DeviceSpec.from_string(device)

@@ -1,9 +1,9 @@
 """Synchronous updates: one `tf.function` per global step, towers run concurrently inside it.
 
 The global batch is K micro-batches, micro-batch j read from input stream j on the CPU of its tower's task
-(`trainer.loop.inputs`); micro-batch j runs on tower j*N//K. The
-parameter device sums the K results in micro-batch order, divides by K, clips, and applies one optimizer
-update. With `--deterministic` the result is bitwise the same for every N that divides K.
+(`trainer.loop.inputs`); micro-batch j runs on tower j*N//K. The parameter device sums the K results along
+a fixed tree (`trainer.step.tree`), divides by K, clips, and applies one optimizer update. With
+`--deterministic` the result is bitwise the same for every N that divides K, on every split into tasks.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainer.step import spread
+from trainer.step import spread, tree
 from trainer.step import towers as tw
 from trainer.step.calls import CallSize
 from trainer.step.updater import StepResult, Updater
@@ -74,7 +74,9 @@ class SyncUpdate(Updater):
         self._owners = (
             [spread.device_of(v) for v in model.trainable_variables],
             [spread.device_of(v) for v in model.non_trainable_variables],
+            placement.parameter_device,
         )
+        self._layout = tree.Layout.of(placement, num_micro_batches)
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
@@ -204,8 +206,9 @@ class SyncUpdate(Updater):
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)
-        trainable = spread.read_values(self.model.trainable_variables)
-        non_trainable = spread.read_values(self.model.non_trainable_variables)
+        # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`).
+        trainable = self._layout.fanout(spread.read_values(self.model.trainable_variables), self._owners[0])
+        non_trainable = self._layout.fanout(spread.read_values(self.model.non_trainable_variables), self._owners[1])
         results, tower_sec = self._run_towers(
             feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
         )
@@ -218,8 +221,9 @@ class SyncUpdate(Updater):
         return metrics
 
     def _run_towers(self, feature_parts, label_parts, trainable, non_trainable, step, timed: bool, loss_scale):
-        """Runs every micro-batch on its tower; returns the results in micro-batch order and each tower's
-        wall time (first input ready -> last gradient computed), measured with in-graph timestamps."""
+        """Runs every micro-batch on its tower, with its task's copy of the values; returns the results in
+        micro-batch order and each tower's wall time (first input ready -> last gradient computed), measured
+        with in-graph timestamps."""
         num_towers = len(self.placement.towers)
         results, starts, ends = [], {}, {}
         for j in range(self.num_micro_batches):
@@ -229,8 +233,9 @@ class SyncUpdate(Updater):
                     with tf.control_dependencies([feature_parts[j]]):
                         starts[tower] = _now() if timed else tf.constant(0.0, tf.float64)
                 with tf.control_dependencies([starts[tower]] if timed else []):
-                    state = tw.micro_batch_seeds(non_trainable, self._seed_flags, step, j, self.num_micro_batches)
-                    result = self._micro_batch(trainable, state, feature_parts[j], label_parts[j], loss_scale)
+                    task = self._layout.task_of_micro_batch(j)
+                    state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
+                    result = self._micro_batch(trainable[task], state, feature_parts[j], label_parts[j], loss_scale)
                 results.append(result)
                 if timed:
                     with tf.control_dependencies(result.grads):
@@ -238,7 +243,7 @@ class SyncUpdate(Updater):
         return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
     def _apply(self, results, loss_scale, old_state):
-        loss, correct, grads, new_state = tw.combine(results, self._seed_flags, old_state, self._owners)
+        loss, correct, grads, new_state = tw.combine(results, self._seed_flags, old_state, self._owners, self._layout)
         applied = tw.apply_update(
             self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
         )

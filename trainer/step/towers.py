@@ -14,6 +14,8 @@ import functools
 import keras
 import tensorflow as tf
 
+from trainer.step import tree
+
 # Room for this many random draws per layer per micro-batch before two micro-batches' seeds could overlap.
 _DRAWS_PER_MICRO_BATCH = 1024
 
@@ -100,62 +102,56 @@ def micro_batch_fn(model, jit_compile: bool = False):
     return run
 
 
-def ordered_sum(tensors):
-    """Sums tensors left to right: ((t0 + t1) + t2) + ...
+def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, owners, layout: tree.Layout):
+    """Reduces per-micro-batch results along the fixed tree (`trainer.step.tree`).
 
-    Floating-point addition is not associative, so the order is part of the result. A fixed chain of adds
-    (never "whichever tower finishes first", never a reduce over a stacked tensor whose shape depends on
-    the number of towers) makes the sum the same for every tower count.
-    """
-    total = tensors[0]
-    for t in tensors[1:]:
-        total = total + t
-    return total
-
-
-def ordered_mean(tensors):
-    """`ordered_sum` divided by the count."""
-    return ordered_sum(tensors) / tf.cast(len(tensors), tensors[0].dtype)
-
-
-def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state: list[tf.Tensor], owners):
-    """Reduces per-micro-batch results in micro-batch index order (call under the parameter device).
-
-    Each variable's gradients and new values are reduced on the device that owns the variable, so only the
-    loss and accuracy sums (scalars) meet on the parameter device.
+    Each variable's gradients and new values are summed on its owner, or, for a subtree one task holds, on
+    that task's twin of the owner, so only one partial sum per subtree crosses between tasks.
 
     Args:
-      old_state: the non-trainable values the micro-batches started from.
-      owners: (devices of the trainable variables, devices of the non-trainable variables).
+      old_state: per task, the non-trainable values its micro-batches started from (`Layout.fanout`).
+      owners: (devices of the trainable variables, devices of the non-trainable variables, the device of
+        the loss and accuracy sums).
+      layout: which task holds each micro-batch.
 
     Returns:
       (mean loss, total correct, mean gradients, new non-trainable values or None for seed states).
     """
-    loss = ordered_mean([r.loss for r in results])
-    correct = ordered_sum([r.correct for r in results])
+    k = len(results)
+    scalars = layout.placer(owners[2])
+    loss_sum = tree.tree_sum([r.loss for r in results], scalars)
+    correct = tree.tree_sum([r.correct for r in results], scalars)
+    with tf.device(owners[2]):
+        loss = loss_sum / k
     grads = []
     for device, g in zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True):
+        total = tree.tree_sum(list(g), layout.placer(device))
         with tf.device(device):
-            grads.append(ordered_mean(list(g)))
+            grads.append(total / tf.cast(k, total.dtype))
     new_state = []
     for i, (seed_flag, device) in enumerate(zip(seed_flags, owners[1], strict=True)):
-        with tf.device(device):
-            new_state.append(_combine_state([r.non_trainable[i] for r in results], seed_flag, old_state[i]))
+        values = [r.non_trainable[i] for r in results]
+        old = [task_state[i] for task_state in old_state]
+        new_state.append(None if seed_flag else _combine_state(values, old, device, layout))
     return loss, correct, grads, new_state
 
 
-def _combine_state(values: list[tf.Tensor], seed_flag: bool, old: tf.Tensor):
-    """One non-trainable variable's new value from its K micro-batch values."""
-    if seed_flag:
-        return None  # seeds are a function of the step: nothing to carry over
-    if values[0].dtype.is_floating:
-        # BatchNorm: mean of the K updates from the same old value == one update with the mean micro-batch
-        # statistic; the same for every tower count. Where no micro-batch changed a value (frozen BatchNorm,
-        # Normalization), (K * x) / K can differ from x by an ulp unless K is a power of two: keep x itself
-        # there, so untouched state never drifts.
-        unchanged = tf.reduce_all(tf.stack([tf.equal(v, old) for v in values]), axis=0)
-        return tf.where(unchanged, old, ordered_mean(values))
-    return values[-1]
+def _combine_state(values: list[tf.Tensor], old: list[tf.Tensor], owner: str, layout: tree.Layout):
+    """One non-trainable variable's new value from its K micro-batch values; `old[t]` is task t's copy of
+    the value they started from."""
+    if not values[0].dtype.is_floating:
+        return values[-1]
+    # BatchNorm: mean of the K updates from the same old value == one update with the mean micro-batch
+    # statistic; the same for every tower count. Where no micro-batch changed a value (frozen BatchNorm,
+    # Normalization), (K * x) / K can differ from x by an ulp unless K is a power of two: keep x itself
+    # there, so untouched state never drifts. "Unchanged" is an AND, combined along the same tree.
+    place, leaves = layout.placer(owner), []
+    for j, value in enumerate(values):
+        with tf.device(place(j, j + 1)):
+            leaves.append((value, tf.equal(value, old[layout.task_of_micro_batch(j)])))
+    total, unchanged = tree.reduce(leaves, lambda a, b: (a[0] + b[0], tf.logical_and(a[1], b[1])), place)
+    with tf.device(owner):
+        return tf.where(unchanged, old[layout.task_of_device(owner)], total / tf.cast(len(values), total.dtype))
 
 
 def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_scale, clip_global_norm: float) -> dict:

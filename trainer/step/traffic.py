@@ -60,23 +60,29 @@ def tensor_bytes(tensor) -> int | None:
     return int(np.prod(tensor.shape.as_list(), dtype=np.int64)) * tensor.dtype.size
 
 
-def count(graph, default_device: str = "/device:CPU:0") -> Traffic:
+def count(graph, default_device: str = "/device:CPU:0", machine_of=None, argument_devices=()) -> Traffic:
     """Counts the bytes crossing devices in `graph` (a FuncGraph, e.g. `fn.get_concrete_function().graph`).
 
     Args:
       graph: the traced step.
       default_device: where ops with no device, colocation or input run (TensorFlow's default: the host).
+      machine_of: optional; maps a short device name to its machine's name. Then only bytes between
+        machines count, per machine (what crosses each one's network interface); a tensor still reaches
+        each consuming device once, as TensorFlow sends it.
+      argument_devices: where the graph's first arguments live (the input iterators, whose ops run there).
     """
-    where = {}
+    arguments = zip(graph.inputs[: len(argument_devices)], argument_devices, strict=True)
+    where = {inner.ref(): short_device(device) for inner, device in arguments}
     for outer, inner in graph.captures:
         where[inner.ref()] = short_device(getattr(outer, "device", "") or "")
-    counter = _Counter()
+    counter = _Counter(machine_of or (lambda device: device))
     counter.walk(graph, where, short_device(default_device))
     return Traffic(dict(counter.sent), dict(counter.received), counter.unknown)
 
 
 class _Counter:
-    def __init__(self):
+    def __init__(self, machine_of):
+        self._machine_of = machine_of
         self.sent = collections.Counter()
         self.received = collections.Counter()
         self.unknown = 0
@@ -117,6 +123,9 @@ class _Counter:
         if not producer or producer == consumer or (tensor.ref(), consumer) in self._seen:
             return
         self._seen.add((tensor.ref(), consumer))
+        producer, consumer = self._machine_of(producer), self._machine_of(consumer)
+        if producer == consumer:
+            return
         size = tensor_bytes(tensor)
         if size is None:
             self.unknown += 1
