@@ -17,9 +17,10 @@ from launch import slurm as launcher
 pytestmark = pytest.mark.slurm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# ~13 ms steps on 2 cores: about 55 s of training, longer than the 20-50 s a --time=1 job gets before its
-# warning, so that job needs at least one requeue, and long enough to interrupt the others mid-run.
-TRAIN_STEPS = 4000
+# 10-13 ms steps on 2 cores: 50-65 s of training, longer than the 15-45 s a --time=1 job with a 15 s warning
+# runs before it (so that job needs at least one requeue), and long enough to interrupt the others mid-run.
+# (4000 steps once finished inside the 20-50 s of a 10 s warning: no requeue, a failed test.)
+TRAIN_STEPS = 5000
 TRAINER_FLAGS = [
     "--device=cpu",
     "--num_gpus=2",
@@ -97,7 +98,7 @@ def _assert_resumed_exactly(slurm, job_id, model_dir, reference_sha256) -> dict:
     info = slurm.wait_for_state(job_id, DONE, timeout_sec=400)
     log = _log(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
-    assert int(info["Restarts"]) >= 1
+    assert int(info["Restarts"]) >= 1, f"finished without being interrupted: raise TRAIN_STEPS\n{log[-3000:]}"
     metrics = _metrics(model_dir)
     attempts = metrics["attempts"]
     assert len(attempts) == int(info["Restarts"]) + 1 and attempts[-1]["outcome"] == "finished"
@@ -137,8 +138,9 @@ def test_scontrol_requeue_mid_run_resumes_bitwise(capsys, slurm_env, tmp_path, r
 
 def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
     model_dir = tmp_path / "timelimit"
-    # --time=1 with a 10 s warning: SIGUSR1 comes 20-50 s into every attempt (Slurm checks every ~30 s)
-    job_id = _submit(capsys, model_dir, "--time=1", "--warning_sec=10", "--max_requeues=10")
+    # --time=1 with a 15 s warning: SIGUSR1 comes 15-45 s into every attempt (Slurm checks every ~30 s), after
+    # the trainer's start-up (a warning before the first step would make an attempt without progress)
+    job_id = _submit(capsys, model_dir, "--time=1", "--warning_sec=15", "--max_requeues=10")
     metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
     requeued = [a for a in metrics["attempts"] if a["outcome"].startswith("requeued for the time limit")]
     assert len(requeued) == len(metrics["attempts"]) - 1
