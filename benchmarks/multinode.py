@@ -1,14 +1,19 @@
 """`python -m benchmarks.multinode`: what TensorFlow's gRPC runtime costs, measured on loopback.
 
-    python -m benchmarks.multinode                 # cnn on digits, resnet50 bytes on 32x32x3 synthetic
+    python -m benchmarks.multinode                 # cnn on the digits, both layout pairs, pinned
     python -m benchmarks.multinode --repeats=1     # quicker, noisier
+    python -m benchmarks.multinode --nopin         # every task on every core
 
-1. Throughput: `python -m trainer` with 2 tasks x 1 logical CPU device (TF_CONFIG on 127.0.0.1) against 1 task
-   x 2 logical devices, same flags and global batch, runs alternating; ratio of median examples/sec (the
-   trainer's own figure: examples over training seconds).
-2. Bytes per step between the tasks: the loopback interface's byte counter (/proc/net/dev, `lo`) over two
-   2-task runs of S and 2S steps; their difference over S steps leaves out start-up, checkpoints and eval.
-   Both directions are counted (variables to the worker's tower, its gradients and state back).
+Throughput: `python -m trainer` with M tasks x T logical CPU devices (TF_CONFIG on 127.0.0.1) against 1 task x
+M*T devices, same flags, global batch and K; runs alternating; ratio of median examples/sec (the trainer's own
+figure: examples over training seconds). Pairs: 2x1 against 1x2, and 2x2 against 1x4.
+
+Pinned (the default): task i of M runs on its own 1/M of the cores (`taskset`), as tasks on separate machines
+(or Slurm's `--cpu-bind=cores` on one) run on their own; the one task of the reference gets every core. So
+both sides have the same cores and what differs is the gRPC runtime. Unpinned, M processes each size their
+thread pools to every core and fight over them, which measures that oversubscription too.
+
+Bytes per step per task: `python -m benchmarks.wire` (each task in its own network namespace).
 """
 
 from __future__ import annotations
@@ -43,48 +48,51 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def loopback_bytes() -> int:
-    """Bytes received on `lo` so far (every loopback byte is sent and received once)."""
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, counters = line.partition(":")
-            if name.strip() == "lo":
-                return int(counters.split()[0])
-    raise RuntimeError("no loopback interface in /proc/net/dev")
-
-
-def run(num_tasks: int, towers_per_task: int, flags: list[str], model_dir: str) -> dict:
-    """Runs one training with `num_tasks` local processes; returns the chief's metrics and the loopback bytes."""
+def run(num_tasks: int, towers_per_task: int, flags: list[str], model_dir: str, pin: bool = False) -> dict:
+    """Runs one training with `num_tasks` local processes (task i on its own share of the cores when `pin`);
+    returns the chief's metrics."""
     workers = [f"127.0.0.1:{p}" for p in free_ports(num_tasks)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     command = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}", f"--num_gpus={towers_per_task}"]
-    before = loopback_bytes()
     procs = []
     for i in range(num_tasks):
         if num_tasks > 1:
             tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
             env = dict(env, TF_CONFIG=json.dumps(tf_config))
-        procs.append(subprocess.Popen([*command, *COMMON, *flags], env=env, stdout=subprocess.DEVNULL))
+        cores = ["taskset", "-c", cores_of(i, num_tasks)] if pin else []
+        procs.append(subprocess.Popen([*cores, *command, *COMMON, *flags], env=env, stdout=subprocess.DEVNULL))
     codes = [p.wait() for p in procs]
     if codes != [0] * num_tasks:
         raise RuntimeError(f"{num_tasks}-task run failed with {codes}")
     with open(os.path.join(model_dir, "metrics.json")) as f:
-        return {**json.load(f), "loopback_bytes": loopback_bytes() - before}
+        return json.load(f)
 
 
-def throughput(flags: list[str], repeats: int, root: str) -> dict:
-    rates = {"1x2": [], "2x1": []}
+def cores_of(task: int, num_tasks: int) -> str:
+    """Task `task`'s contiguous share of the cores this process may use, as taskset's list ("0", "2-3")."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // num_tasks)
+    mine = cores[task * share : (task + 1) * share] or cores[-share:]
+    return ",".join(str(c) for c in mine)
+
+
+PAIRS = (((2, 1), (1, 2)), ((2, 2), (1, 4)))  # (M tasks x T devices, 1 task x M*T devices)
+
+
+def throughput(flags: list[str], repeats: int, root: str, pin: bool) -> dict:
+    """Examples/sec of each layout of PAIRS, runs alternating, and each pair's ratio of medians."""
+    rates: dict[str, list[float]] = {}
     for r in range(repeats):
-        for layout, (tasks, towers) in (("1x2", (1, 2)), ("2x1", (2, 1))):
-            rates[layout].append(run(tasks, towers, flags, f"{root}/tp-{layout}-{r}")["examples_per_sec"])
+        for pair in PAIRS:
+            for tasks, towers in pair:
+                name = f"{tasks}x{towers}"
+                metrics = run(tasks, towers, flags, f"{root}/tp-{name}-{r}", pin)
+                rates.setdefault(name, []).append(metrics["examples_per_sec"])
     medians = {k: statistics.median(v) for k, v in rates.items()}
-    return {"examples_per_sec": rates, "median": medians, "ratio_2x1_vs_1x2": medians["2x1"] / medians["1x2"]}
-
-
-def bytes_per_step(flags: list[str], steps: int, root: str) -> dict:
-    short = run(2, 1, [*flags, f"--train_steps={steps}"], f"{root}/bytes-{steps}")
-    long = run(2, 1, [*flags, f"--train_steps={2 * steps}"], f"{root}/bytes-{2 * steps}")
-    return {"steps": steps, "bytes_per_step": (long["loopback_bytes"] - short["loopback_bytes"]) / steps}
+    ratios = {}
+    for (m, t), (one, k) in PAIRS:
+        ratios[f"{m}x{t}_vs_{one}x{k}"] = medians[f"{m}x{t}"] / medians[f"{one}x{k}"]
+    return {"pinned": pin, "examples_per_sec": rates, "median": medians, "ratios": ratios}
 
 
 def model_bytes(model: str, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -103,22 +111,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.multinode", description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300, help="cnn steps per throughput run")
+    parser.add_argument(
+        "--pin", action=argparse.BooleanOptionalAction, default=True, help="a share of the cores per task"
+    )
+    parser.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results-multinode.json")
+    )
     args = parser.parse_args()
-    from benchmarks.plan import Setting  # noqa: PLC0415
-    from benchmarks.records import ensure_records  # noqa: PLC0415
-
-    results = {"machine": _machine()}
+    results = {"machine": _machine(), "steps": args.steps, "global_batch_size": 128}
     with tempfile.TemporaryDirectory() as root:
-        cnn = ["--model=cnn", "--global_batch_size=128", f"--train_steps={args.steps}"]
-        results["cnn_throughput"] = throughput(cnn, args.repeats, root)
-        results["cnn_bytes"] = bytes_per_step(["--model=cnn", "--global_batch_size=128"], 100, root)
-        results["cnn_model_bytes"] = model_bytes("cnn", (8, 8, 1))
-        records = ensure_records(Setting("bytes-resnet50", "resnet50", (32, 32, 3), 10, 4, "synthetic", 512))
-        data_flags = [f"--train_data={records['train']}", f"--eval_data={records['eval']}", "--num_classes=10"]
-        r50 = ["--model=resnet50", "--global_batch_size=4", *data_flags]
-        results["resnet50_bytes"] = bytes_per_step(r50, 5, root)
-        results["resnet50_model_bytes"] = model_bytes("resnet50", (32, 32, 3))
-    print(json.dumps(results, indent=1))
+        cnn = ["--model=cnn", "--global_batch_size=128", f"--train_steps={args.steps}"]  # K: one per tower
+        results["cnn_throughput"] = throughput(cnn, args.repeats, root, args.pin)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    print(json.dumps(results["cnn_throughput"], indent=1))
 
 
 def _machine() -> str:

@@ -3,6 +3,8 @@ counted by the kernel on that task's own network interface. Needs root.
 
     python -m benchmarks.wire                                    # the whole grid (below)
     python -m benchmarks.wire --models=cnn --tasks=2 --towers=1,2 --parameter_device=cpu
+    python -m benchmarks.wire --models=cnn --tasks=2 --towers=1,2 --update_mode=async --out=...
+    python -m benchmarks.wire --summarize=benchmarks/results-wire.json     # the compact table, nothing run
 
 Each task of `python -m trainer` (TF_CONFIG, one port per task) runs in its own network namespace
 (`launch/netns.py`: task i in tfnode<i+1> at 10.78.0.(11+i), behind a veth pair on the bridge br-tf), so its
@@ -119,11 +121,11 @@ def _eval_examples(records: dict) -> int:
         return json.load(f)["counts"]["eval"]
 
 
-def measure(workload, records, placement, num_tasks, towers, variable_bytes, root, steps=None) -> dict:
+def measure(workload, records, placement, num_tasks, towers, variable_bytes, root, steps=None, mode="sync") -> dict:
     """One cell: runs of S and 2S steps; bytes per step per task and direction, and per variable byte."""
     steps = steps or workload.steps
-    flags = cell_flags(workload, records, placement, num_tasks, towers)
-    name = f"{root}/{workload.setting.model}-{placement}-{num_tasks}x{towers}"
+    flags = [*cell_flags(workload, records, placement, num_tasks, towers), f"--update_mode={mode}"]
+    name = f"{root}/{workload.setting.model}-{placement}-{mode}-{num_tasks}x{towers}"
     short = run_job(num_tasks, towers, [*flags, f"--train_steps={steps}"], f"{name}-s{steps}")
     long = run_job(num_tasks, towers, [*flags, f"--train_steps={2 * steps}"], f"{name}-s{2 * steps}")
     per_task = []
@@ -142,6 +144,7 @@ def measure(workload, records, placement, num_tasks, towers, variable_bytes, roo
     return {
         "model": workload.setting.model,
         "parameter_device": placement,
+        "update_mode": mode,
         "tasks": num_tasks,
         "towers_per_task": towers,
         "micro_batches": num_tasks * towers,
@@ -163,11 +166,34 @@ def table(cells: list[dict]) -> str:
         seconds = f"{c['seconds']['short']:.0f}, {c['seconds']['long']:.0f}"
         for t in c["per_task"]:
             lines.append(
-                f"| {c['model']} | {c['parameter_device']} | {c['tasks']} | {c['towers_per_task']} | {t['task']} "
+                f"| {c['model']} | {_params(c)} | {c['tasks']} | {c['towers_per_task']} | {t['task']} "
                 f"| {t['received_per_step']:,.0f} | {t['sent_per_step']:,.0f} | {t['received_per_variable_byte']:.3f} "
                 f"| {t['sent_per_variable_byte']:.3f} | {c['ring_bound']:.2f} | {seconds} |"
             )
     return "\n".join(lines)
+
+
+def compact(cells: list[dict]) -> str:
+    """One line per model, placement and M: the busiest task's bytes per step per variable byte (the larger
+    direction) for each T, their spread over T, and the ratio of the worst to the bound 2(M-1)/M."""
+    groups: dict[tuple, dict[int, float]] = {}
+    for c in cells:
+        worst = max(max(t["received_per_variable_byte"], t["sent_per_variable_byte"]) for t in c["per_task"])
+        groups.setdefault((c["model"], _params(c), c["tasks"], c["ring_bound"]), {})[c["towers_per_task"]] = worst
+    lines = ["| model | params | M | busiest task, T=1 / 2 / 4 | max/min over T | 2(M-1)/M | worst / bound |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for (model, params, m, bound), by_t in groups.items():
+        values = [by_t[t] for t in sorted(by_t)]
+        lines.append(
+            f"| {model} | {params} | {m} | {' / '.join(f'{v:.2f}' for v in values)} "
+            f"| {max(values) / min(values):.3f} | {bound:.2f} | {max(values) / bound:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _params(cell: dict) -> str:
+    mode = cell.get("update_mode", "sync")
+    return cell["parameter_device"] + ("" if mode == "sync" else f", {mode}")
 
 
 def _ints(text: str) -> list[int]:
@@ -184,6 +210,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks", type=_ints, default=[2, 3, 4], help="M, comma-separated (each >= 2)")
     parser.add_argument("--towers", type=_ints, default=[1, 2, 4], help="T towers per task, comma-separated")
     parser.add_argument("--parameter_device", type=_names, default=["cpu", "spread"], help="cpu, gpu, spread")
+    parser.add_argument("--update_mode", type=_names, default=["sync"], help="sync, async (comma-separated)")
+    parser.add_argument("--summarize", metavar="JSON", help="print the compact table of a results file; run nothing")
     parser.add_argument("--steps", type=int, default=0, help="S for every model (0: cnn 20, resnet50 5)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results-wire.json"))
     return parser
@@ -194,6 +222,8 @@ def _check(args, parser) -> None:
         parser.error(f"--models: unknown {unknown}; choose from {list(WORKLOADS)}")
     if unknown := [p for p in args.parameter_device if p not in ("cpu", "gpu", "spread")]:
         parser.error(f"--parameter_device: unknown {unknown}; choose from cpu, gpu, spread")
+    if unknown := [m for m in args.update_mode if m not in ("sync", "async")]:
+        parser.error(f"--update_mode: unknown {unknown}; choose from sync, async")
     if not args.tasks or min(args.tasks) < 2 or not args.towers or min(args.towers) < 1:
         parser.error("--tasks: each at least 2; --towers: each at least 1")
 
@@ -205,8 +235,8 @@ def run_grid(args, results: dict) -> None:
     prepared = {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as root:
-        for model, placement, num_tasks, towers in itertools.product(
-            args.models, args.parameter_device, args.tasks, args.towers
+        for model, mode, placement, num_tasks, towers in itertools.product(
+            args.models, args.update_mode, args.parameter_device, args.tasks, args.towers
         ):
             workload = WORKLOADS[model]
             if model not in prepared:
@@ -215,7 +245,7 @@ def run_grid(args, results: dict) -> None:
                     model_bytes(model, workload.setting.example_shape)[0],
                 )
             records, trainable = prepared[model]
-            cell = measure(workload, records, placement, num_tasks, towers, trainable, root, args.steps)
+            cell = measure(workload, records, placement, num_tasks, towers, trainable, root, args.steps, mode)
             results["cells"].append(cell)
             results["total_seconds"] = time.monotonic() - began
             _save(results, args.out)
@@ -225,6 +255,10 @@ def run_grid(args, results: dict) -> None:
 def main() -> None:
     parser = _parser()
     args = parser.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            print(compact(json.load(f)["cells"]))
+        return
     _check(args, parser)
     results = {"machine": _machine(), "tensorflow": metadata.version("tensorflow"), "cells": []}
     netns.up(max(args.tasks))
@@ -233,6 +267,7 @@ def main() -> None:
     finally:
         netns.down()
     print(table(results["cells"]))
+    print(compact(results["cells"]))
     print(f"\n{len(results['cells'])} cells in {results['total_seconds'] / 60:.1f} min; JSON: {args.out}")
 
 

@@ -30,8 +30,17 @@ FLAGS = [
 
 
 def _start(model_dir):
+    """The trainer as started from a terminal: SIGHUP at its default, whatever this process does with it (a
+    pytest-xdist worker ignores it, and the trainer rightly leaves an inherited SIG_IGN alone, as under nohup)."""
     command = [sys.executable, "-m", "trainer", *FLAGS, f"--model_dir={model_dir}"]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
 
 
 def _until_step(process, step: int) -> str:

@@ -113,5 +113,7 @@ def test_resume_records_exactly_the_fixed_settings():
     recorded = rundir.defining_settings(resolve(cfg.RunConfig()))
     fixed = {f.field for f in table.FLAGS if f.resume == FIXED} - {"towers.micro_batches"}
     sync_free = {"towers.num_towers", "towers.num_tasks"}
-    assert set(recorded) == (fixed | {"towers.num_micro_batches"}) - sync_free
+    code = {"towers.gradient_order"}  # recorded from the code, not a flag (rundir.CODE)
+    assert set(recorded) == (fixed | {"towers.num_micro_batches"} | code) - sync_free
     assert recorded["data.normalize"] == "none" and recorded["towers.num_micro_batches"] == 1
+    assert recorded["towers.gradient_order"] == "tree"
