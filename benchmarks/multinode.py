@@ -1,6 +1,6 @@
 """`python -m benchmarks.multinode`: what TensorFlow's gRPC runtime costs, measured on loopback.
 
-    python -m benchmarks.multinode                 # cnn on the digits, both layout pairs, pinned
+    python -m benchmarks.multinode                 # cnn on the digits, 1000 steps, both layout pairs, pinned
     python -m benchmarks.multinode --repeats=1     # quicker, noisier
     python -m benchmarks.multinode --nopin         # every task on every core
 
@@ -110,7 +110,8 @@ def model_bytes(model: str, shape: tuple[int, ...]) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.multinode", description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=300, help="cnn steps per throughput run")
+    parser.add_argument("--steps", type=int, default=1000, help="cnn steps per throughput run")
+    parser.add_argument("--parameter_device", default="cpu", choices=("cpu", "gpu", "spread"))
     parser.add_argument(
         "--pin", action=argparse.BooleanOptionalAction, default=True, help="a share of the cores per task"
     )
@@ -118,9 +119,11 @@ def main() -> None:
         "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results-multinode.json")
     )
     args = parser.parse_args()
-    results = {"machine": _machine(), "steps": args.steps, "global_batch_size": 128}
+    results = {"machine": _machine(), "steps": args.steps, "global_batch_size": 128, "model": "cnn"}
+    results["parameter_device"] = args.parameter_device
     with tempfile.TemporaryDirectory() as root:
         cnn = ["--model=cnn", "--global_batch_size=128", f"--train_steps={args.steps}"]  # K: one per tower
+        cnn.append(f"--parameter_device={args.parameter_device}")  # after COMMON's cpu: the last one counts
         results["cnn_throughput"] = throughput(cnn, args.repeats, root, args.pin)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
