@@ -247,6 +247,11 @@ def make_dataset(
     # Reading training files writes bad_records' table, which the run checkpoints itself; without IGNORE,
     # saving the iterator refuses a pipeline with such stateful ops.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    # No autotuning model: with it, deleting an iterator (a stream rebuilt after a restore, an eval pass, a
+    # finished run's streams) waited for the model's thread, 30-80 s at a time on a busy 2-core machine
+    # (docs/facts.md). Without it each AUTOTUNE map runs one call per core and prefetch grows its own
+    # buffer; throughput measured the same (benchmarks.inputs, tfrecord_vs_memory).
+    options.autotune.enabled = False
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
