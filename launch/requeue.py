@@ -7,8 +7,10 @@ trainer checkpoints at the next step boundary and then calls `requeue`, which pu
 requeues a preempted `--requeue` job by itself, after SIGTERM.
 
 A time-limit requeue is refused when it would not help: outside Slurm, when the training is already done,
-after `max_requeues` of them in this job, or when an attempt that was already training could not finish a
-single step before the warning (requeueing it would only repeat that, forever).
+when an attempt that was already training could not finish a single step before the warning (requeueing it
+would only repeat that, forever), or after `max_requeues` requeues in a row that made no progress (no newer
+checkpoint than the one they resumed from). A requeue after progress is never capped: a week-long run on a
+24-hour partition needs 7 of them, and a run that keeps checkpointing gets there whatever their number.
 """
 
 from __future__ import annotations
@@ -29,10 +31,19 @@ class Decision:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class History:
+    """A job's earlier time-limit requeues: how many in all, and how many of the latest ones in a row ended
+    without a newer checkpoint than the one they resumed from."""
+
+    requeues: int = 0
+    without_progress: int = 0
+
+
 def decide(
     job: SlurmJob | None,
     max_requeues: int,
-    previous_requeues: int,
+    history: History,
     steps_left: int,
     steps_trained: int,
     signalled_while_training: bool,
@@ -41,10 +52,10 @@ def decide(
 
     Args:
       job: the Slurm job, None outside Slurm.
-      max_requeues: the most time-limit requeues one job may make.
-      previous_requeues: time-limit requeues this job already made.
+      max_requeues: the most time-limit requeues in a row without progress.
+      history: this job's earlier time-limit requeues.
       steps_left: steps still to train after the checkpoint just written.
-      steps_trained: steps this attempt trained.
+      steps_trained: steps this attempt trained (and checkpointed).
       signalled_while_training: the warning came after the training loop had started (not while the
         process was importing TensorFlow or building the model).
     """
@@ -52,19 +63,26 @@ def decide(
         return Decision(False, "not a Slurm job: rerun the same command to resume")
     if steps_left <= 0:
         return Decision(False, "training is complete")
-    if previous_requeues >= max_requeues:
-        return Decision(
-            False,
-            f"the job already requeued itself {previous_requeues} times for its time limit (--max_requeues="
-            f"{max_requeues}); resubmit it, with a longer --time, to go on",
-        )
     if signalled_while_training and steps_trained == 0:
         return Decision(
             False,
             "no step finished between the start of training and the time-limit warning, so a requeued job "
             "could not progress either; resubmit with a longer --time or an earlier warning",
         )
-    return Decision(True, f"time-limit requeue {previous_requeues + 1} of at most {max_requeues}")
+    number = history.requeues + 1
+    if steps_trained > 0:
+        return Decision(True, f"time-limit requeue {number}, after {steps_trained} steps")
+    if history.without_progress >= max_requeues:
+        return Decision(
+            False,
+            f"the job already requeued itself {history.without_progress} times in a row without a step trained "
+            f"(--max_requeues={max_requeues}); resubmit it, with a longer --time, to go on",
+        )
+    return Decision(
+        True,
+        f"time-limit requeue {number}, without a step trained: {history.without_progress + 1} in a row of at "
+        f"most {max_requeues}",
+    )
 
 
 def requeue(job: SlurmJob, timeout_sec: float = 60.0) -> None:

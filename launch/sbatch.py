@@ -5,8 +5,9 @@ One task (`--nodes=1 --tasks_per_node=1`, the default): what the script does, an
   (SIGKILL aside): a trainer started as a child of the batch shell never sees the SIGTERM of a preemption or
   of `scontrol requeue`, and loses everything since its last checkpoint.
 - `--signal=B:USR1@W` asks for SIGUSR1 W seconds before the time limit, sent to the batch task (`B:`), which
-  is the trainer: it checkpoints after the current step and requeues the job (`launch/requeue.py`), at most
-  `--max_requeues` times. Slurm checks the limits about every 30 s, so the warning comes W to W+30 s early.
+  is the trainer: it checkpoints after the current step and requeues the job (`launch/requeue.py`) after any
+  attempt that trained; `--max_requeues` caps the requeues in a row that did not. Slurm checks the limits
+  about every 30 s, so the warning comes W to W+30 s early.
 - `--requeue`: Slurm requeues a preempted job by itself; the next start resumes from the checkpoint.
 - `--open-mode=append` with the job id in the log's name: every attempt of a job appends to one log (Slurm's
   default truncates it at each restart).
@@ -16,9 +17,10 @@ Several tasks (`--nodes=M`, `--tasks_per_node=T`, M*T > 1): every task runs the 
 task 0 (the first task of the first node) is the chief, the others serve their devices to it
 (`trainer/system/distributed.py`, `launch/cluster.py`). The normal layout is one task per node driving all the
 node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks on one machine.
-- `exec srun --kill-on-bad-exit=1 python -m trainer ...`: the batch task becomes srun, which starts the M*T
+- `exec srun --kill-on-bad-exit=1 --label python -m trainer ...`: the batch task becomes srun, which starts the M*T
   tasks as one job step (block distribution, which `launch.cluster` expects); a task that fails (a dead
-  worker, a bad flag on one node) ends the whole step instead of leaving the others waiting.
+  worker, a bad flag on one node) ends the whole step instead of leaving the others waiting; `--label`
+  starts every line of the log with its task's number (`1: step ...`).
 - `--signal=USR1@W` without `B:`: Slurm then signals every task of every job step, and not the batch shell
   (srun). The chief is a step task, so it gets the warning itself, directly from its node's slurmstepd;
   workers ignore stop signals and leave with the chief's exit code. `B:` would signal only srun.
@@ -61,7 +63,8 @@ class JobSpec:
     python: str
     workdir: str
     job_name: str = "towerflow"
-    nodes: int = 1
+    nodes: int = 1  # the most nodes (Slurm's --nodes=min_nodes-nodes)
+    min_nodes: int = 0  # the fewest nodes the job may start on; 0: exactly `nodes`
     tasks_per_node: int = 1  # trainer tasks on each node; one per node driving all its GPUs is the normal layout
     gpus_per_node: int = 0  # 0: no GPUs (--device=cpu); tasks_per_node * the trainer's --num_gpus
     cpus_per_task: int = 0  # 0: Slurm's default
@@ -75,6 +78,16 @@ class JobSpec:
     @property
     def num_tasks(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def node_counts(self) -> range:
+        """Every number of nodes the job may run on."""
+        return range(self.min_nodes or self.nodes, self.nodes + 1)
+
+    @property
+    def nodes_option(self) -> str:
+        """Slurm's --nodes value: M, or MIN-MAX."""
+        return f"{self.min_nodes}-{self.nodes}" if self.min_nodes and self.min_nodes != self.nodes else str(self.nodes)
 
     @property
     def log_path(self) -> str:
@@ -116,6 +129,8 @@ def validate(spec: JobSpec) -> JobSpec:
     for name in ("nodes", "tasks_per_node"):
         if getattr(spec, name) < 1:
             raise SpecError(f"--{name} ({getattr(spec, name)}) must be >= 1")
+    if not 0 <= spec.min_nodes <= spec.nodes:
+        raise SpecError(f"--nodes ({spec.nodes_option}): the fewest nodes must be between 1 and the most")
     if spec.gpus_per_node % spec.tasks_per_node:
         raise SpecError(
             f"--gpus_per_node ({spec.gpus_per_node}) must be a multiple of --tasks_per_node ({spec.tasks_per_node}): "
@@ -140,7 +155,7 @@ def _sbatch_options(spec: JobSpec) -> list[str]:
         f"--output={spec.log_path}",
         "--open-mode=append",
         "--requeue",
-        f"--nodes={spec.nodes}",
+        f"--nodes={spec.nodes_option}",
         f"--ntasks-per-node={spec.tasks_per_node}",
         # one task: the batch task is the trainer (B:); several: every step task, so the chief (see the top)
         f"--signal={'B:' if spec.num_tasks == 1 else ''}{WARNING_SIGNAL}@{warning}",
@@ -158,7 +173,7 @@ def _sbatch_options(spec: JobSpec) -> list[str]:
 
 def _srun(spec: JobSpec) -> list[str]:
     """srun and its options, for a job of several tasks (each gets the allocation's tasks, block-distributed)."""
-    srun = ["srun", "--kill-on-bad-exit=1"]
+    srun = ["srun", "--kill-on-bad-exit=1", "--label"]  # --label: every line of the log says its task
     if spec.cpus_per_task:
         srun.append(f"--cpus-per-task={spec.cpus_per_task}")  # not inherited from sbatch since Slurm 22.05
     if spec.gpus_per_node and spec.tasks_per_node > 1:

@@ -1,12 +1,14 @@
 """`python -m launch.slurm`: render a towerflow job's sbatch script into MODEL_DIR/slurm/ and submit it.
 
-    python -m launch.slurm --model_dir=DIR [--nodes=M] [--tasks_per_node=T] [--gpus_per_node=G]
+    python -m launch.slurm --model_dir=DIR [--nodes=M|MIN-MAX] [--tasks_per_node=T] [--gpus_per_node=G]
         [--cpus_per_task=C] [--time=HH:MM:SS] [--partition=P] [--account=A] [--sbatch_arg=--qos=high ...]
         [--max_requeues=N] [--dry_run] -- TRAINER_FLAGS...
 
 With M*T > 1 the job runs M*T trainer tasks (srun), each with the same flags; `--num_gpus` is per task, so
 the run has M*T*num_gpus towers. The normal layout is one task per node driving all its GPUs (T=1, the
-default); T > 1 is mainly for testing several tasks on one node.
+default); T > 1 is mainly for testing several tasks on one node. `--nodes=MIN-MAX` (Slurm's range) starts on
+as many nodes as Slurm gives, every count in the range checked first; a resume may have another count (the
+weights do not depend on it: docs/towers.md).
 
 The trainer flags are checked before anything is submitted (a typo fails now, not after hours in the
 queue), for the run's real number of tasks. What the script does and why: `launch/sbatch.py`.
@@ -33,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Render and submit a towerflow Slurm job. Trainer flags go after `--`.",
     )
     p.add_argument("--model_dir", required=True, help="the run's directory (shared storage); logs go to DIR/slurm/")
-    p.add_argument("--nodes", type=int, default=1, help="nodes; more than 1 runs one trainer task per node (srun)")
+    p.add_argument(
+        "--nodes",
+        default="1",
+        help="nodes, M or MIN-MAX (Slurm starts the job on as many as it can give); more than 1 runs one trainer "
+        "task per node (srun)",
+    )
     p.add_argument(
         "--tasks_per_node",
         type=int,
@@ -59,9 +66,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--account", default="", help="Slurm account")
     p.add_argument("--job_name", default="", help="default: towerflow-<basename of --model_dir>")
     p.add_argument("--sbatch_arg", action="append", default=[], help="extra sbatch option, repeatable")
-    p.add_argument("--max_requeues", type=int, default=3, help="time-limit requeues per job (preemption: unlimited)")
+    p.add_argument(
+        "--max_requeues",
+        type=int,
+        default=3,
+        help="time-limit requeues in a row without a step trained (after progress: unlimited)",
+    )
     p.add_argument("--dry_run", action="store_true", help="print the script, submit nothing")
     return p
+
+
+def parse_nodes(text: str) -> tuple[int, int]:
+    """(fewest, most) nodes from `M` or `MIN-MAX`.
+
+    Raises:
+      sbatch.SpecError: not that form, or not 1 <= MIN <= MAX.
+    """
+    fewest, _, most = text.partition("-")
+    try:
+        low, high = int(fewest), int(most or fewest)
+    except ValueError:
+        raise sbatch.SpecError(f"--nodes ({text!r}) must be a number of nodes, M, or a range, MIN-MAX") from None
+    if not 1 <= low <= high:
+        raise sbatch.SpecError(f"--nodes ({text}) must be >= 1, and MIN <= MAX in MIN-MAX")
+    return low, high
+
+
+def _flags_on_every_count(trainer_args: list[str], node_counts: range, tasks_per_node: int, nodes: str):
+    """The trainer flags, validated for every number of nodes the job may get; the first refusal names it."""
+    for count in node_counts:
+        try:
+            values = _trainer_flags(trainer_args, count * tasks_per_node)
+        except sbatch.SpecError as e:
+            if len(node_counts) == 1:
+                raise
+            raise sbatch.SpecError(f"on {count} of --nodes={nodes} nodes: {e}") from e
+    return values
 
 
 def _trainer_flags(trainer_args: list[str], num_tasks: int = 1):
@@ -98,9 +138,9 @@ def spec_from_args(args: argparse.Namespace, trainer_args: list[str]) -> sbatch.
         raise sbatch.SpecError("give --model_dir to launch.slurm (before `--`), not among the trainer flags")
     model_dir = os.path.abspath(args.model_dir)
     tasks_per_node = args.tasks_per_node
-    if args.nodes < 1 or tasks_per_node < 1:
+    fewest, most = parse_nodes(str(args.nodes))
+    if tasks_per_node < 1:
         raise sbatch.SpecError(f"--nodes ({args.nodes}) and --tasks_per_node ({tasks_per_node}) must be >= 1")
-    num_tasks = args.nodes * tasks_per_node
     values = _trainer_flags([*trainer_args, f"--model_dir={model_dir}"])
     if args.gpus_per_node is not None and values.device != "cpu" and not values["num_gpus"].present:
         if args.gpus_per_node % tasks_per_node:
@@ -108,7 +148,8 @@ def spec_from_args(args: argparse.Namespace, trainer_args: list[str]) -> sbatch.
                 f"--gpus_per_node ({args.gpus_per_node}) must be a multiple of --tasks_per_node ({tasks_per_node})"
             )
         trainer_args = [*trainer_args, f"--num_gpus={args.gpus_per_node // tasks_per_node}"]
-    values = _trainer_flags([*trainer_args, f"--model_dir={model_dir}"], num_tasks)
+    counts = range(fewest, most + 1)
+    values = _flags_on_every_count([*trainer_args, f"--model_dir={model_dir}"], counts, tasks_per_node, args.nodes)
     gpus = 0 if values.device == "cpu" else values.num_gpus * tasks_per_node
     if args.gpus_per_node is not None and values.device != "cpu" and args.gpus_per_node != gpus:
         per_task = f" x --tasks_per_node ({tasks_per_node})" if tasks_per_node > 1 else ""
@@ -127,7 +168,8 @@ def spec_from_args(args: argparse.Namespace, trainer_args: list[str]) -> sbatch.
         python=sys.executable,
         workdir=os.getcwd(),
         job_name=args.job_name or f"towerflow-{os.path.basename(model_dir.rstrip('/'))}",
-        nodes=args.nodes,
+        nodes=most,
+        min_nodes=fewest,
         tasks_per_node=tasks_per_node,
         gpus_per_node=gpus,
         cpus_per_task=args.cpus_per_task,

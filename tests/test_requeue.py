@@ -18,20 +18,45 @@ JOB = SlurmJob("101")
 
 @pytest.mark.quick
 @pytest.mark.parametrize(
-    "job, previous, steps_left, trained, while_training, expected",
+    "job, history, steps_left, trained, while_training, expected",
     [
-        (JOB, 0, 50, 10, True, (True, "time-limit requeue 1 of at most 3")),
-        (JOB, 2, 50, 10, True, (True, "time-limit requeue 3 of at most 3")),
-        (JOB, 3, 50, 10, True, (False, "already requeued itself 3 times")),
-        (JOB, 0, 0, 10, True, (False, "training is complete")),
-        (JOB, 0, 50, 0, True, (False, "no step finished between the start of training and the time-limit warning")),
-        (JOB, 0, 50, 0, False, (True, "time-limit requeue 1 of at most 3")),  # warned while importing
-        (None, 0, 50, 10, True, (False, "not a Slurm job")),
+        (JOB, (0, 0), 50, 10, True, (True, "time-limit requeue 1, after 10 steps")),
+        (JOB, (2, 0), 50, 10, True, (True, "time-limit requeue 3, after 10 steps")),
+        (JOB, (9, 3), 50, 10, True, (True, "time-limit requeue 10, after 10 steps")),  # progress: never capped
+        (JOB, (5, 2), 50, 0, False, (True, "time-limit requeue 6, without a step trained: 3 in a row of at most 3")),
+        (JOB, (5, 3), 50, 0, False, (False, "already requeued itself 3 times in a row without a step trained")),
+        (JOB, (0, 0), 0, 10, True, (False, "training is complete")),
+        (JOB, (0, 0), 50, 0, True, (False, "no step finished between the start of training and the time-limit")),
+        (None, (0, 0), 50, 10, True, (False, "not a Slurm job")),
     ],
 )
-def test_decide(job, previous, steps_left, trained, while_training, expected):
-    decision = requeue.decide(job, 3, previous, steps_left, trained, while_training)
+def test_decide(job, history, steps_left, trained, while_training, expected):
+    decision = requeue.decide(job, 3, requeue.History(*history), steps_left, trained, while_training)
     assert decision.requeue == expected[0] and expected[1] in decision.reason
+
+
+def _attempt(number, job_id, resumed, step, outcome):
+    return {"attempt": number, "started": "", "host": "h", "pid": number, "resumed_from_step": resumed,
+            "slurm_job_id": job_id, "step": step, "outcome": outcome}  # fmt: skip
+
+
+@pytest.mark.quick
+def test_requeue_history_counts_the_latest_requeues_without_progress(tmp_path):
+    requeued = attempts_lib.TIME_LIMIT_REQUEUED + " (...)"
+    records = [
+        _attempt(1, "7", 0, 10, requeued),
+        _attempt(2, "7", 10, 10, requeued),  # warned while starting: no step
+        _attempt(3, "7", 10, 25, requeued),  # progress ends the row
+        _attempt(4, "7", 25, 25, requeued),
+        _attempt(5, "8", 25, 25, requeued),  # another job's attempt
+        _attempt(6, "7", 25, 25, "killed or lost (no end recorded; last checkpointed step 25)"),
+        _attempt(7, "7", 25, 25, requeued),
+    ]
+    (tmp_path / "attempts.json").write_text(json.dumps(records))
+    log = attempts_lib.AttemptLog(str(tmp_path))
+    assert log.requeue_history("7") == requeue.History(requeues=5, without_progress=2)
+    assert log.requeue_history("8") == requeue.History(requeues=1, without_progress=1)
+    assert log.requeue_history("9") == requeue.History()
 
 
 @pytest.mark.quick
@@ -84,21 +109,18 @@ def _attempts(tmp_path):
     return json.loads((tmp_path / "run" / "attempts.json").read_text())
 
 
-def test_time_limit_warning_requeues_the_array_task_until_max_requeues(make_config, tmp_path, fake_slurm):
-    config = make_config(loop={"train_steps": 40, "max_requeues": 1})
-    with pytest.raises(stop_lib.StopRequested):
-        train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
-    assert fake_slurm.read_text() == "requeue 300_5\n"
-    first = _attempts(tmp_path)[0]
+def test_time_limit_warnings_requeue_every_attempt_that_trained_beyond_max_requeues(make_config, tmp_path, fake_slurm):
+    config = make_config(loop={"train_steps": 40, "max_requeues": 0})
+    for _ in range(2):  # each attempt trains 10 steps before its warning: both requeue, whatever --max_requeues
+        with pytest.raises(stop_lib.StopRequested):
+            train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
+    assert fake_slurm.read_text() == "requeue 300_5\n" * 2
+    first, second = _attempts(tmp_path)
     # the loop looks at the stop between windows of 10 steps (--log_every_steps=10): the 8th look is at step 10
     assert first["slurm_job_id"] == "305" and first["slurm_array_task"] == "300_5" and first["step"] == 10
-    assert first["outcome"].startswith("requeued for the time limit (time-limit requeue 1 of at most 1)")
-    with pytest.raises(stop_lib.StopRequested):  # the requeued job, warned again: no requeue left
-        train(config, stop=StopAfterChecks(8, signal.SIGUSR1))
-    assert fake_slurm.read_text() == "requeue 300_5\n"
-    second = _attempts(tmp_path)[1]
+    assert first["outcome"].startswith("requeued for the time limit (time-limit requeue 1, after 10 steps)")
     assert (second["resumed_from_step"], second["step"]) == (10, 20)
-    assert "not requeued: the job already requeued itself 1 times for its time limit" in second["outcome"]
+    assert second["outcome"].startswith("requeued for the time limit (time-limit requeue 2, after 10 steps)")
     finished = train(config)
     assert finished["global_step"] == 40 and [a["attempt"] for a in finished["attempts"]] == [1, 2, 3]
     assert [(a["resumed_from_step"], a["step"]) for a in finished["attempts"]] == [(0, 10), (10, 20), (20, 40)]

@@ -82,10 +82,21 @@ def test_two_nodes_srun_one_trainer_per_node_and_warn_every_task(capsys, tmp_pat
         "--time=04:00:00",
     ]
     assert out.strip().splitlines()[-1] == (
-        f"exec srun --kill-on-bad-exit=1 --cpus-per-task=8 {sys.executable} -u -m trainer --model_dir={tmp_path}/mn "
-        f"--max_requeues=3 --num_gpus=4"
+        f"exec srun --kill-on-bad-exit=1 --label --cpus-per-task=8 {sys.executable} -u -m trainer "
+        f"--model_dir={tmp_path}/mn --max_requeues=3 --num_gpus=4"
     )
     assert SRUN_COMMENT in out
+
+
+@pytest.mark.quick
+def test_a_node_range_is_slurms_and_every_count_in_it_is_checked(capsys, tmp_path):
+    """--nodes=2-4 with 24 micro-batches of 2 towers per node: 2, 3 and 4 nodes each split them evenly."""
+    flags = ["--", "--device=cpu", "--num_gpus=2", "--micro_batches=24", "--global_batch_size=96"]
+    code, out, _ = _render(capsys, f"--model_dir={tmp_path}/r", "--nodes=2-4", *flags)
+    assert code == 0 and "--nodes=2-4" in _sbatch_lines(out)
+    assert out.strip().splitlines()[-1].startswith("exec srun --kill-on-bad-exit=1 --label ")
+    code, _, err = _render(capsys, f"--model_dir={tmp_path}/r", "--nodes=2-5", *flags)
+    assert code == 2 and "on 5 of --nodes=2-5 nodes" in err and "these numbers of tasks do: 1, 2, 3, 4, 6, 12" in err
 
 
 def test_two_tasks_on_one_node_share_its_gres_and_bind_their_own_gpus(capsys, tmp_path):
@@ -94,7 +105,7 @@ def test_two_tasks_on_one_node_share_its_gres_and_bind_their_own_gpus(capsys, tm
     lines = _sbatch_lines(out)
     assert lines[4:] == ["--nodes=1", "--ntasks-per-node=2", "--signal=USR1@300", "--gres=gpu:4"]
     assert out.strip().splitlines()[-1] == (
-        f"exec srun --kill-on-bad-exit=1 --gpu-bind=per_task:2 {sys.executable} -u -m trainer "
+        f"exec srun --kill-on-bad-exit=1 --label --gpu-bind=per_task:2 {sys.executable} -u -m trainer "
         f"--model_dir={tmp_path}/t2 --max_requeues=3 --num_gpus=2"
     )
     assert SRUN_COMMENT in out
@@ -109,8 +120,8 @@ def test_two_cpu_tasks_on_one_node(capsys, tmp_path):
     assert code == 0
     assert _sbatch_lines(out)[4:] == ["--nodes=1", "--ntasks-per-node=2", "--signal=USR1@300"]
     assert out.strip().splitlines()[-1] == (
-        f"exec srun --kill-on-bad-exit=1 {sys.executable} -u -m trainer --model_dir={tmp_path}/c2 --max_requeues=3 "
-        f"--device=cpu --micro_batches=2"
+        f"exec srun --kill-on-bad-exit=1 --label {sys.executable} -u -m trainer --model_dir={tmp_path}/c2 "
+        f"--max_requeues=3 --device=cpu --micro_batches=2"
     )
 
 
@@ -153,7 +164,17 @@ def test_gpus_per_node_fills_in_num_gpus_and_a_conflict_is_refused(capsys, tmp_p
         ),
         (["--time=1:xx", "--"], "--time ('1:xx') must be a Slurm time"),
         (["--time=2", "--warning_sec=120", "--"], "--warning_sec (120) must be shorter than --time (2)"),
-        (["--nodes=0", "--"], "--nodes (0) and --tasks_per_node (1) must be >= 1"),
+        (["--nodes=0", "--"], "--nodes (0) must be >= 1"),
+        (["--nodes=2-x", "--"], "--nodes ('2-x') must be a number of nodes, M, or a range, MIN-MAX"),
+        (
+            ["--nodes=3", "--", "--device=cpu", "--num_gpus=2", "--micro_batches=8"],
+            "(--num_gpus=2 x 3 tasks) so every tower gets the same number of micro-batches; with --num_gpus=2, "
+            "these numbers of tasks do: 1, 2, 4",
+        ),
+        (
+            ["--nodes=2-4", "--", "--device=cpu", "--num_gpus=2", "--micro_batches=8"],
+            "on 3 of --nodes=2-4 nodes: trainer flags: --micro_batches (8) must be a multiple of the towers",
+        ),
         (
             ["--tasks_per_node=2", "--", "--device=cpu", "--num_gpus=2", "--micro_batches=2"],
             "--micro_batches (2) must be a multiple of the towers (--num_gpus=2 x 2 tasks)",

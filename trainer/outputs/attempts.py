@@ -102,9 +102,18 @@ class AttemptLog:
             self.current.outcome = outcome
             self._write()
 
-    def time_limit_requeues(self, job_id: str) -> int:
-        """How often the Slurm job `job_id` requeued itself for its time limit."""
-        return sum(1 for a in self.attempts if a.slurm_job_id == job_id and a.outcome.startswith(TIME_LIMIT_REQUEUED))
+    def requeue_history(self, job_id: str) -> requeue_lib.History:
+        """The time-limit requeues of Slurm job `job_id` before the current attempt: all of them, and the latest
+        ones in a row that checkpointed no newer step than they resumed from (any attempt of the job that did
+        ends the row)."""
+        earlier = [a for a in self.attempts if a.slurm_job_id == job_id and a is not self.current]
+        requeued = [a for a in earlier if a.outcome.startswith(TIME_LIMIT_REQUEUED)]
+        without_progress = 0
+        for attempt in reversed(earlier):
+            if attempt.step > attempt.resumed_from_step:
+                break
+            without_progress += attempt.outcome.startswith(TIME_LIMIT_REQUEUED)
+        return requeue_lib.History(len(requeued), without_progress)
 
     def examples_per_sec(self) -> float:
         """Over every attempt: examples trained / training seconds, both summed."""
@@ -137,7 +146,7 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
     decision = requeue_lib.decide(
         job,
         max_requeues,
-        log.time_limit_requeues(job.job_id) if job else 0,
+        log.requeue_history(job.job_id) if job else requeue_lib.History(),
         train_steps - stop.step if stop.step is not None else train_steps,
         stop.step - started if stop.step is not None and started is not None else 0,
         stop.signalled_while_training,

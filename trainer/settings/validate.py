@@ -49,12 +49,27 @@ def _towers(t: cfg.TowerConfig) -> None:
     require(
         k % t.total_towers == 0,
         f"--micro_batches ({k}) must be a multiple of the towers (--num_gpus={t.num_towers}{tasks}) so every "
-        f"tower gets the same number of micro-batches",
+        f"tower gets the same number of micro-batches{_task_counts(k, t.num_towers) if t.num_tasks > 1 else ''}",
     )
     require(
         t.global_batch_size % k == 0,
         f"--global_batch_size ({t.global_batch_size}) must be divisible by --micro_batches ({k})",
     )
+
+
+def task_counts(micro_batches: int, towers_per_task: int) -> list[int]:
+    """The numbers of tasks (nodes x tasks per node) that split `micro_batches` evenly over their towers."""
+    if micro_batches % towers_per_task:
+        return []
+    per_task = micro_batches // towers_per_task
+    return [m for m in range(1, per_task + 1) if per_task % m == 0]
+
+
+def _task_counts(micro_batches: int, towers_per_task: int) -> str:
+    counts = task_counts(micro_batches, towers_per_task)
+    if not counts:
+        return f"; no number of tasks does while it is not a multiple of --num_gpus ({towers_per_task})"
+    return f"; with --num_gpus={towers_per_task}, these numbers of tasks do: {', '.join(map(str, counts))}"
 
 
 def _optimizer(o: cfg.OptimizerConfig, train_steps: int) -> None:
