@@ -29,7 +29,7 @@ def _fields() -> set[str]:
 
 def test_every_setting_is_one_row_of_the_table_and_every_row_one_setting():
     assert set(table.BY_FIELD) == _fields() - NOT_FLAGS
-    assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 56
+    assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 57
     assert set(table.GROUPS) == {flag.group for flag in table.FLAGS}
     assert {flag.resume for flag in table.FLAGS} == {FIXED, FREE}
 
@@ -90,7 +90,7 @@ def test_a_value_that_does_not_parse_names_its_flag(arg, message):
 
 def test_help_groups_and_the_resume_flags_come_from_the_table():
     tf_flags.define_flags()
-    assert tf_flags.GROUP_FLAGS["cluster"] == ("cluster_port", "cluster_timeout_sec")
+    assert tf_flags.GROUP_FLAGS["cluster"] == ("cluster_port", "cluster_timeout_sec", "peer_timeout_sec")
     assert tf_flags.GROUP_FLAGS["towers"][:3] == ("num_gpus", "device", "parameter_device")
     allow = flags.FLAGS["allow_flag_changes"].help
     for flag in table.FLAGS:

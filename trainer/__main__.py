@@ -62,7 +62,7 @@ def _main(argv: list[str]) -> int:
     if tasks.num_tasks == 1:
         return _train(config, None)
     if not tasks.is_chief:
-        return distributed.serve(tasks, config, config.cluster.timeout_sec, stop.REQUEST)
+        return distributed.serve(tasks, config, stop.REQUEST)
     try:  # first, so that whatever fails next, the workers hear of it
         distributed.connect(tasks, config, config.cluster.timeout_sec)
     except distributed.WorkerLost as e:
@@ -97,9 +97,9 @@ def _train(config: cfg.RunConfig, tasks) -> int:
     except stop.NoSpace as e:  # free space and rerun: it resumes
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_RESUMABLE
-    except distributed.WorkerLost as e:
+    except distributed.WorkerLost as e:  # mid-run: the last checkpoint is whole, a rerun resumes
         print(f"error: {e}", file=sys.stderr)
-        return stop.EXIT_FAILED
+        return stop.EXIT_RESUMABLE
     return stop.EXIT_OK
 
 

@@ -6,6 +6,7 @@ Usable without flags: `train(RunConfig(...))` returns the metrics it writes to `
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 
@@ -22,7 +23,7 @@ from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.step import modes, towers
 from trainer.step.staleness import TowerFailed
-from trainer.system import distributed
+from trainer.system import distributed, peers
 from trainer.system import stop as stop_lib
 
 
@@ -69,13 +70,17 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
 
 
 def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
-    """One attempt: build, resume, train, evaluate, export, write metrics.json; with several tasks, a watchdog
-    ends the process when a worker stops answering."""
+    """One attempt: build, resume, train, evaluate, export, write metrics.json; with several tasks, a watch
+    of the workers ends the process (75) when one is lost."""
     _raise_if_stopped(stop, "before the model was built")
-    watchdog = contextlib.nullcontext()
+    watch = contextlib.nullcontext()
     if cluster is not None and cluster.num_tasks > 1:
-        watchdog = distributed.Watchdog(cluster, on_lost=lambda message: attempts.end(f"failed: {message}"))
-    with watchdog:
+        workers = dict(enumerate(cluster.workers))
+        del workers[0]
+        describe = functools.partial(distributed.describe_task, cluster)
+        lost = lambda message: attempts.end(f"lost a task: {message}")  # noqa: E731
+        watch = peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost)
+    with watch:
         return _build_and_train(config, stop, attempts, job)
 
 

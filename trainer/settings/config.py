@@ -221,7 +221,8 @@ class ClusterConfig:
     """Several tasks (srun, TF_CONFIG): how they find and wait for each other (`launch.cluster`)."""
 
     port: int = 0  # gRPC port of a node's first task; 0: derived from SLURM_JOB_ID
-    timeout_sec: float = 300.0  # how long chief and workers wait for each other
+    timeout_sec: float = 300.0  # how long chief and workers wait for each other at the start
+    peer_timeout_sec: float = 60.0  # once running: how long any task may go without an answer from a peer
 
 
 @dataclasses.dataclass(frozen=True)

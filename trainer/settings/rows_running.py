@@ -93,11 +93,12 @@ def loop() -> list[Flag]:
             "max_requeues",
             "loop.max_requeues",
             g,
-            "Under Slurm: on SIGUSR1/SIGUSR2 (the time-limit warning, sbatch "
-            "--signal=B:USR1@T) the run checkpoints and requeues its job with `scontrol requeue`, at most this many "
-            "times per job; 0: never. Preemption (SIGTERM) requeues are Slurm's own (--requeue) and not counted.",
+            "Under Slurm: on SIGUSR1/SIGUSR2 (the time-limit warning, sbatch --signal=B:USR1@T) the run "
+            "checkpoints and requeues its job with `scontrol requeue`: always after an attempt that trained steps, "
+            "at most this many times in a row after attempts that trained none (warned while starting). Preemption "
+            "(SIGTERM) requeues are Slurm's own (--requeue) and not counted.",
             FREE,
-            check=at_least(0, "0: never requeue"),
+            check=at_least(0, "0: no requeue after an attempt that trained no step"),
         ),
         Flag(
             "export",
@@ -128,6 +129,16 @@ def cluster_and_runtime() -> list[Flag]:
             "cluster",
             "Several tasks: seconds the chief waits for "
             "every worker's server, and a worker for the chief, before failing.",
+            FREE,
+            check=positive,
+        ),
+        Flag(
+            "peer_timeout_sec",
+            "cluster.peer_timeout_sec",
+            "cluster",
+            "Several tasks, once running: seconds any task rides out a peer that does not answer (a network "
+            "outage, a frozen process) before ending the attempt with 75 and naming it; a shorter outage costs "
+            "only its duration. A peer whose process is gone ends it within seconds.",
             FREE,
             check=positive,
         ),

@@ -8,30 +8,29 @@ training finished, 75 when it stopped to be resumed. The chief tells every worke
 that worker's CPU, writing a small status file on the worker's own disk (`status_path`): no shared file
 system is needed. A chief that dies without a word (SIGKILL) is noticed by its port closing: exit code 1.
 
-Failure is bounded, never a hang: a step that needs a dead worker fails at once with `UnavailableError`
-(`WorkerLost` names the task and host), and a watchdog probing every worker's port ends the chief when one
-stays unreachable for `LOST_AFTER_SEC`, in case a step blocks instead (a machine gone without a reset).
-Checkpoints are atomic, so the last one stays valid and a rerun resumes from it.
+Failure is bounded, never a hang: every task watches its peers by one rule (`trainer.system.peers`): a peer
+whose TensorFlow server does not answer for `--peer_timeout_sec` (a cut network, a frozen process), or whose
+port is closed (the process is gone), ends the attempt with 75, naming it. A step that needs a dead worker
+fails at once with `UnavailableError`, which `explain` turns into `WorkerLost` (75 too). Checkpoints are
+atomic, so the last one stays valid and a rerun resumes from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import sys
-import threading
 import time
 
 import tensorflow as tf
 
 from launch.cluster import Cluster
 from trainer.settings.config import RunConfig
-from trainer.system import determinism, devices, runtime
+from trainer.system import determinism, devices, peers, runtime
 from trainer.system import stop as stop_lib
 
-PROBE_EVERY_SEC = 2.0
-LOST_AFTER_SEC = 20.0  # a worker unreachable this long ends the run
 PROBE_TIMEOUT_SEC = 2.0
 CONNECTED = "connected"  # a worker's status once the chief has joined it; then the chief's exit code
 
@@ -48,28 +47,6 @@ def reachable(address: str, timeout: float = PROBE_TIMEOUT_SEC) -> bool:
             return True
     except OSError:
         return False
-
-
-HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
-HTTP2_SETTINGS = 4
-
-
-def answers_not_as_grpc(address: str, timeout: float = 3.0) -> bool:
-    """Whether a program listens at `host:port` but does not answer HTTP/2's preface with a SETTINGS frame, as
-    a gRPC server (TensorFlow's) does at once. False when nothing answers the connection (not up yet)."""
-    host, _, port = address.rpartition(":")
-    try:
-        connection = socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_SEC)
-    except OSError:
-        return False
-    with connection:
-        try:
-            connection.settimeout(timeout)
-            connection.sendall(HTTP2_PREFACE)
-            frame = connection.recv(9)
-        except OSError:  # no answer in `timeout` s, or a reset
-            frame = b""
-    return not (len(frame) >= 4 and frame[3] == HTTP2_SETTINGS)
 
 
 def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) -> None:
@@ -120,46 +97,6 @@ def _wait_for(addresses, timeout_sec: float) -> list[str]:
     return waiting
 
 
-class Watchdog:
-    """Chief: probes every worker's port; `on_lost(message)` runs, then the process exits with status 1, when
-    one stays unreachable for `lost_after` seconds. A step that blocks on a dead machine cannot hang the job."""
-
-    def __init__(self, cluster: Cluster, on_lost, lost_after: float = LOST_AFTER_SEC, every: float = PROBE_EVERY_SEC):
-        self.cluster = cluster
-        self.on_lost = on_lost
-        self.lost_after = lost_after
-        self.every = every
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="towerflow-watchdog", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stopped.set()
-
-    def _run(self) -> None:
-        last_seen = {task: time.monotonic() for task in range(1, self.cluster.num_tasks)}
-        while not self._stopped.wait(self.every):
-            for task in last_seen:
-                if reachable(self.cluster.workers[task]):
-                    last_seen[task] = time.monotonic()
-                elif time.monotonic() - last_seen[task] > self.lost_after and not self._stopped.is_set():
-                    self._lose(task)
-
-    def _lose(self, task: int) -> None:
-        message = (
-            f"{describe_task(self.cluster, task)} has been unreachable for {self.lost_after:.0f} s; ending the run "
-            f"(the last checkpoint is kept: rerun the job to resume from it)"
-        )
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        try:
-            self.on_lost(message)
-        finally:
-            os._exit(stop_lib.EXIT_FAILED)
-
-
 def describe_task(cluster: Cluster, task: int) -> str:
     return f"worker task {task} ({cluster.workers[task]})"
 
@@ -181,11 +118,12 @@ def explain(error: BaseException, cluster: Cluster) -> WorkerLost | None:
     return WorkerLost(f"lost {who}: {first_line}. The last checkpoint is kept: rerun the job to resume from it")
 
 
-def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_lib.StopRequest, log=print) -> int:
+def serve(cluster: Cluster, config: RunConfig, stop: stop_lib.StopRequest, log=print) -> int:
     """Worker: serves this task's devices until the chief says how the run ended; returns that exit code.
 
     Stop signals do not end a worker the chief has joined: the chief checkpoints through the workers' input
-    pipelines, then tells them. Without a chief after `timeout_sec`, the worker gives up (1; 75 if signalled).
+    pipelines, then tells them. Without a chief after --cluster_timeout_sec, the worker gives up (1; 75 if
+    signalled); a chief lost later ends it with 75 (`peers.PeerWatch`, --peer_timeout_sec).
     """
     determinism.configure(config.seed, config.deterministic)
     status = status_path(cluster.address)
@@ -201,6 +139,16 @@ def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_li
     server.start()
     chief = cluster.workers[0]
     log(f"{cluster.describe()}: serving {towers.num_towers} {towers.device} device(s) to the chief at {chief}")
+    try:
+        return _serve_until_the_end(status, chief, config, stop, log)
+    finally:  # the status file is the chief's message to this run only: nothing stays in /tmp
+        with contextlib.suppress(OSError):
+            os.remove(status)
+
+
+def _serve_until_the_end(status: str, chief: str, config: RunConfig, stop: stop_lib.StopRequest, log) -> int:
+    """Worker: waits for the chief to connect, then for the exit code it writes into `status`; returns it."""
+    timeout_sec, peer_timeout_sec = config.cluster.timeout_sec, config.cluster.peer_timeout_sec
     waited = _wait_for_chief(status, chief, timeout_sec, stop)
     if waited == SQUATTED:
         print(
@@ -212,10 +160,8 @@ def serve(cluster: Cluster, config: RunConfig, timeout_sec: float, stop: stop_li
     if not waited:
         log(f"the chief at {chief} never connected within {timeout_sec:.0f} s" if not stop.requested else "stopped")
         return stop_lib.EXIT_RESUMABLE if stop.requested else stop_lib.EXIT_FAILED
-    code = _wait_for_exit_code(status, chief)
-    if code is None:
-        log(f"the chief at {chief} is gone without saying how the run ended (killed?); exiting with 1")
-        return stop_lib.EXIT_FAILED
+    with peers.PeerWatch({0: chief}, lambda task: f"the chief, task 0 ({chief}),", peer_timeout_sec):
+        code = _wait_for_exit_code(status)
     log(f"the chief at {chief} ended the run with exit code {code}; exiting with it")
     return code
 
@@ -240,21 +186,17 @@ def _wait_for_chief(status: str, chief: str, timeout_sec: float, stop: stop_lib.
         if _read(status) is not None:
             return True
         if time.monotonic() >= next_probe:
-            if answers_not_as_grpc(chief) and _read(status) is None:
+            if peers.probe(chief, 3.0) in (peers.Probe.MUTE, peers.Probe.NOT_GRPC) and _read(status) is None:
                 return SQUATTED
             next_probe = time.monotonic() + every
         time.sleep(0.2)
     return _read(status) is not None
 
 
-def _wait_for_exit_code(status: str, chief: str, misses_to_leave: int = 3) -> int | None:
-    """The exit code the chief writes at its end, or None when its port closed without one."""
-    misses = 0
+def _wait_for_exit_code(status: str) -> int:
+    """The exit code the chief writes at its end (the caller's `PeerWatch` ends the wait if the chief is lost)."""
     while True:
         text = _read(status)
         if text not in (None, CONNECTED, ""):
             return int(text) if text.lstrip("-").isdigit() else stop_lib.EXIT_FAILED
-        if misses >= misses_to_leave:
-            return None
-        misses = 0 if reachable(chief) else misses + 1
         time.sleep(0.5)
