@@ -72,7 +72,9 @@ def decode_records(info: RecordInfo, files, num_classes: int | None, bad_records
         for path in files:
             records = read(tf.constant(path)).unbatch().batch(_BUILD_BATCH)
             count = 0
-            for flat, shape, label in records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True):
+            for flat, shape, label in _elements(
+                records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            ):
                 flats.append(flat.numpy())
                 shapes.append(shape.numpy())
                 labels.append(label.numpy())
@@ -84,6 +86,15 @@ def decode_records(info: RecordInfo, files, num_classes: int | None, bad_records
             raise
         raise explained from e
     return _stacked(info, tuple(files), counts, flats, shapes, labels)
+
+
+def _elements(dataset: tf.data.Dataset):
+    """The elements of `dataset`, ended by an empty optional rather than by OutOfRangeError: on another task's
+    device that error also poisoned the eager executor, which raised it again when collected ("Exception
+    ignored in Executor.__del__ ... End of sequence", twice at every multi-task start with a cache)."""
+    iterator = iter(dataset)
+    while (element := iterator.get_next_as_optional()).has_value():
+        yield element.get_value()
 
 
 def _stacked(info: RecordInfo, files, counts, flats, shapes, labels) -> DecodedRecords:

@@ -1,4 +1,4 @@
-"""Surviving Slurm time limits: after the warning signal, the job requeues itself.
+"""Surviving Slurm time limits and lost tasks: the job requeues itself.
 
 Slurm never requeues a job that reaches its time limit (it ends TIMEOUT, whatever `--requeue` says), but it
 can warn first: `sbatch --signal=B:USR1@T` sends SIGUSR1 T seconds (up to ~30 s more) before the limit. The
@@ -6,7 +6,8 @@ trainer checkpoints at the next step boundary and then calls `requeue`, which pu
 (`scontrol requeue`); the next start resumes from that checkpoint. Preemption needs none of this: Slurm
 requeues a preempted `--requeue` job by itself, after SIGTERM.
 
-A time-limit requeue is refused when it would not help: outside Slurm, when the training is already done,
+A lost task requeues the job too (`trainer.outputs.lost`, after a multi-task step), by the same rule. A
+requeue is refused when it would not help: outside Slurm, when the training is already done,
 when an attempt that was already training could not finish a single step before the warning (requeueing it
 would only repeat that, forever), or after `max_requeues` requeues in a row that made no progress (no newer
 checkpoint than the one they resumed from). A requeue after progress is never capped: a week-long run on a
@@ -33,8 +34,8 @@ class Decision:
 
 @dataclasses.dataclass(frozen=True)
 class History:
-    """A job's earlier time-limit requeues: how many in all, and how many of the latest ones in a row ended
-    without a newer checkpoint than the one they resumed from."""
+    """A job's earlier requeues (time limits, lost tasks): how many in all, and how many of the latest ones in
+    a row ended without a newer checkpoint than the one they resumed from."""
 
     requeues: int = 0
     without_progress: int = 0
@@ -52,8 +53,8 @@ def decide(
 
     Args:
       job: the Slurm job, None outside Slurm.
-      max_requeues: the most time-limit requeues in a row without progress.
-      history: this job's earlier time-limit requeues.
+      max_requeues: the most requeues in a row without progress.
+      history: this job's earlier requeues.
       steps_left: steps still to train after the checkpoint just written.
       steps_trained: steps this attempt trained (and checkpointed).
       signalled_while_training: the warning came after the training loop had started (not while the
@@ -71,7 +72,7 @@ def decide(
         )
     number = history.requeues + 1
     if steps_trained > 0:
-        return Decision(True, f"time-limit requeue {number}, after {steps_trained} steps")
+        return Decision(True, f"requeue {number}, after {steps_trained} steps")
     if history.without_progress >= max_requeues:
         return Decision(
             False,
@@ -80,8 +81,7 @@ def decide(
         )
     return Decision(
         True,
-        f"time-limit requeue {number}, without a step trained: {history.without_progress + 1} in a row of at "
-        f"most {max_requeues}",
+        f"requeue {number}, without a step trained: {history.without_progress + 1} in a row of at most {max_requeues}",
     )
 
 

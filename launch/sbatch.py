@@ -17,7 +17,7 @@ Several tasks (`--nodes=M`, `--tasks_per_node=T`, M*T > 1): every task runs the 
 task 0 (the first task of the first node) is the chief, the others serve their devices to it
 (`trainer/system/distributed.py`, `launch/cluster.py`). The normal layout is one task per node driving all the
 node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks on one machine.
-- `exec srun --kill-on-bad-exit=1 --label python -m trainer ...`: the batch task becomes srun, which starts the M*T
+- `srun --kill-on-bad-exit=1 --label python -m trainer ...`: starts the M*T
   tasks as one job step (block distribution, which `launch.cluster` expects); a task that fails (a dead
   worker, a bad flag on one node) ends the whole step instead of leaving the others waiting; `--label`
   starts every line of the log with its task's number (`1: step ...`).
@@ -35,6 +35,12 @@ node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks
   being cancelled): the chief finished its step, checkpointed and exited 75 a second later
   (tests/test_slurm_jobs.py). Elsewhere, treat KillWait as the budget for the step in progress plus one
   checkpoint. `scancel --signal=TERM JOB` (no --full/--batch) signals the step tasks only, not srun.
+- After the step, the batch shell (on the first node, the chief's) runs `python -m trainer.outputs.lost`:
+  when the run's last attempt ended because a task was lost (`--peer_timeout_sec` passed, a killed task, the
+  chief killed without a word), it requeues the job (`scontrol requeue`), capped like a time-limit requeue
+  (`launch/requeue.py`), and records it in attempts.json. Anything else (finished, stopped by a signal, a
+  time-limit requeue already made, bad flags) it leaves alone. The shell traps SIGTERM so that it outlives a
+  preemption's signal until srun has ended; srun itself hears the SIGTERM as it did as the batch task.
 - srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05), so the script passes it again; with
   T > 1 GPU tasks per node, `--gpu-bind=per_task:G` gives each task its own G GPUs.
 """
@@ -186,13 +192,14 @@ _ONE_TASK_COMMENT = (
     "# time-limit warning (--signal=B:USR1) reach it. As a child of this shell it would never see them.",
 )
 _TASKS_COMMENT = (
-    "# {n} tasks run `python -m trainer` with the same flags; task 0 is the chief, the others serve it. exec: srun",
-    "# becomes the batch task. The time-limit warning is --signal=USR1 without B: Slurm sends it to every task",
+    "# {n} tasks run `python -m trainer` with the same flags; task 0 is the chief, the others serve it.",
+    "# The time-limit warning is --signal=USR1 without B: Slurm sends it to every task",
     "# of every step (B: would reach only srun), so the chief gets it, checkpoints and requeues the job; workers",
     "# ignore stop signals and exit with the chief's code. Preemption and scontrol requeue send SIGTERM to every",
     "# task directly too. srun does not forward a SIGTERM it gets (it asks for SIGKILL instead); on Slurm 22.05",
     "# that does not cut short the tasks' KillWait grace when the job is being requeued. --kill-on-bad-exit=1:",
-    "# a failed task ends the step rather than leaving the others waiting for it.",
+    "# a failed task ends the step rather than leaving the others waiting for it. After the step, a lost task",
+    "# (a node cut off or frozen past --peer_timeout_sec, a killed task) requeues the job: trainer.outputs.lost.",
 )
 
 
@@ -201,10 +208,10 @@ def render(spec: JobSpec) -> str:
     validate(spec)
     command = [spec.python, "-u", "-m", "trainer", f"--model_dir={spec.model_dir}"]
     command += [f"--max_requeues={spec.max_requeues}", *spec.trainer_args]
-    comment = _ONE_TASK_COMMENT
+    comment, run = _ONE_TASK_COMMENT, ["exec " + _shell(command)]
     if spec.num_tasks > 1:
-        command = [*_srun(spec), *command]
         comment = tuple(line.format(n=spec.num_tasks) for line in _TASKS_COMMENT)
+        run = _step_then_requeue_if_lost(spec, [*_srun(spec), *command])
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     lines = [
         "#!/bin/bash",
@@ -214,6 +221,24 @@ def render(spec: JobSpec) -> str:
         f"cd {shlex.quote(spec.workdir)}",
         'echo "=== towerflow: job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
         *comment,
-        "exec " + " ".join(shlex.quote(part) for part in command),
+        *run,
     ]
     return "\n".join(lines) + "\n"
+
+
+def _shell(command: list[str]) -> str:
+    return " ".join(shlex.quote(part) for part in command)
+
+
+def _step_then_requeue_if_lost(spec: JobSpec, srun: list[str]) -> list[str]:
+    """The batch shell runs the step, then asks the run's attempts.json (the chief's node is this one) whether
+    a task was lost, requeueing the job if so. The TERM trap keeps the shell alive while the tasks checkpoint
+    after a preemption (srun hears the SIGTERM as before; the shell's own is handled once srun ends)."""
+    requeue = [spec.python, "-u", "-m", "trainer.outputs.lost", f"--model_dir={spec.model_dir}"]
+    return [
+        "trap 'echo \"=== towerflow: SIGTERM to the batch shell\"' TERM",
+        "code=0",
+        _shell(srun) + " || code=$?",
+        _shell([*requeue, f"--max_requeues={spec.max_requeues}"]) + " || true",
+        'exit "$code"',
+    ]

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max_requeues",
         type=int,
         default=3,
-        help="time-limit requeues in a row without a step trained (after progress: unlimited)",
+        help="requeues (time limit, lost task) in a row without a step trained (after progress: unlimited)",
     )
     p.add_argument("--dry_run", action="store_true", help="print the script, submit nothing")
     return p

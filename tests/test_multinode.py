@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 from tests._cluster_helpers import ROOT, Job, metrics, slurm_envs, tf_config_envs
 from trainer.system import distributed
@@ -45,6 +46,8 @@ def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, en
     assert f"chief of task 0 of {num_tasks}" in job.output(0)
     workers = re.search(r"chief of task 0 .*, workers (.+)", job.output(0)).group(1).split(", ")
     assert not [w for w in workers if os.path.exists(distributed.status_path(w))]  # nothing left in /tmp
+    for task in range(num_tasks):  # a healthy run prints no traceback ("Exception ignored in Executor.__del__")
+        assert "Traceback" not in job.output(task) and "retracing" not in job.output(task), job.output(task)[-3000:]
     per_task = 4 // num_tasks
     want = {f"tower_step_sec/task_{t}_cpu_{g}" for t in range(num_tasks) for g in range(per_task)}
     assert want <= _train_tags(tmp_path / "run")  # TensorBoard names the towers by task and device
@@ -220,3 +223,21 @@ def test_a_bad_cluster_is_refused_before_tensorflow_loads(tmp_path):
     env["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})
     imported = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "tensorflow was imported" in imported.stderr, imported.stderr[-3000:]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        (
+            'Graph execution error:\n\nDetected at node x\n:UNKNOWN:Error received from peer  {grpc_message:"Socket '
+            'closed", grpc_status:14}',
+            "Socket closed",
+        ),
+        ("Graph execution error:.\nThis could happen if the remote target has been disconnected from the client.",
+         "This could happen if the remote target has been disconnected from the client."),
+        ("", "UnavailableError"),
+    ],
+)  # fmt: skip
+def test_a_lost_workers_message_says_what_failed_not_tensorflows_header(text, said):
+    assert distributed.cause(tf.errors.UnavailableError(None, None, text)) == said

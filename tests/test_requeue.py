@@ -3,6 +3,7 @@ Slurm job after the warning signal, recorded in attempts.json (a fake scontrol s
 tests/test_slurm_jobs.py does it on a real one)."""
 
 import json
+import os
 import signal
 
 import pytest
@@ -20,10 +21,10 @@ JOB = SlurmJob("101")
 @pytest.mark.parametrize(
     "job, history, steps_left, trained, while_training, expected",
     [
-        (JOB, (0, 0), 50, 10, True, (True, "time-limit requeue 1, after 10 steps")),
-        (JOB, (2, 0), 50, 10, True, (True, "time-limit requeue 3, after 10 steps")),
-        (JOB, (9, 3), 50, 10, True, (True, "time-limit requeue 10, after 10 steps")),  # progress: never capped
-        (JOB, (5, 2), 50, 0, False, (True, "time-limit requeue 6, without a step trained: 3 in a row of at most 3")),
+        (JOB, (0, 0), 50, 10, True, (True, "requeue 1, after 10 steps")),
+        (JOB, (2, 0), 50, 10, True, (True, "requeue 3, after 10 steps")),
+        (JOB, (9, 3), 50, 10, True, (True, "requeue 10, after 10 steps")),  # progress: never capped
+        (JOB, (5, 2), 50, 0, False, (True, "requeue 6, without a step trained: 3 in a row of at most 3")),
         (JOB, (5, 3), 50, 0, False, (False, "already requeued itself 3 times in a row without a step trained")),
         (JOB, (0, 0), 0, 10, True, (False, "training is complete")),
         (JOB, (0, 0), 50, 0, True, (False, "no step finished between the start of training and the time-limit")),
@@ -118,9 +119,9 @@ def test_time_limit_warnings_requeue_every_attempt_that_trained_beyond_max_reque
     first, second = _attempts(tmp_path)
     # the loop looks at the stop between windows of 10 steps (--log_every_steps=10): the 8th look is at step 10
     assert first["slurm_job_id"] == "305" and first["slurm_array_task"] == "300_5" and first["step"] == 10
-    assert first["outcome"].startswith("requeued for the time limit (time-limit requeue 1, after 10 steps)")
+    assert first["outcome"].startswith("requeued for the time limit (requeue 1, after 10 steps)")
     assert (second["resumed_from_step"], second["step"]) == (10, 20)
-    assert second["outcome"].startswith("requeued for the time limit (time-limit requeue 2, after 10 steps)")
+    assert second["outcome"].startswith("requeued for the time limit (requeue 2, after 10 steps)")
     finished = train(config)
     assert finished["global_step"] == 40 and [a["attempt"] for a in finished["attempts"]] == [1, 2, 3]
     assert [(a["resumed_from_step"], a["step"]) for a in finished["attempts"]] == [(0, 10), (10, 20), (20, 40)]
@@ -164,3 +165,36 @@ def test_a_garbled_attempts_file_is_kept_aside_and_the_run_goes_on(make_config, 
     assert resumed["global_step"] == 4 and [a["resumed_from_step"] for a in resumed["attempts"]] == [2]
     assert (tmp_path / "run" / "attempts.json.unreadable").read_text() == '[{"attempt": 1, "garbled'
     assert "attempts.json is unreadable" in capfd.readouterr().err
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "last, history, calls, line, outcome",
+    [
+        (("305", 500, 800, "lost a task: worker task 1 (n2:12001) has not answered"), [], 1,
+         "a task was lost; job 300_5 requeued (requeue 1, after 300 steps)",
+         "requeued after a lost task (requeue 1, after 300 steps); lost a task: worker task 1"),
+        (("305", 500, 500, "running"), [("305", 500, 500, "requeued after a lost task (...)")], 1,
+         "job 300_5 requeued (requeue 2, without a step trained: 2 in a row of at most 3)",
+         "requeued after a lost task (requeue 2, without a step trained: 2 in a row of at most 3); killed or lost"),
+        (("305", 500, 500, "failed: WorkerLost: lost worker task 1"), [("305", 500, 500, "requeued (...)")] * 3, 0,
+         "a task was lost; not requeued: the job already requeued itself 3 times in a row",
+         "failed: WorkerLost: lost worker task 1; not requeued: the job already requeued itself 3 times in a row"),
+        (("305", 500, 800, "stopped by signal 15 at step 800"), [], 0, "nothing to requeue", "stopped by signal 15"),
+        (("304", 500, 800, "running"), [], 0, "no attempt of this job in attempts.json", "running"),
+    ],
+)  # fmt: skip
+def test_a_lost_task_requeues_the_job_by_the_rule_of_time_limits(
+    tmp_path, fake_slurm, last, history, calls, line, outcome
+):
+    records = [_attempt(i + 1, *earlier) for i, earlier in enumerate(history)]
+    records.append(_attempt(len(records) + 1, *last))
+    (tmp_path / "attempts.json").write_text(json.dumps(records))
+    said = attempts_lib.after_lost_task(attempts_lib.AttemptLog(str(tmp_path)), slurm_job(os.environ), 3)
+    assert line in said
+    assert (fake_slurm.read_text() if fake_slurm.exists() else "") == "requeue 300_5\n" * calls
+    assert _attempts_in(tmp_path)[-1]["outcome"].startswith(outcome)
+
+
+def _attempts_in(directory):
+    return json.loads((directory / "attempts.json").read_text())

@@ -6,6 +6,7 @@ tasks (srun, one chief and one worker on the one node) train the weights of one 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -146,7 +147,7 @@ def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_
     requeued = [a for a in metrics["attempts"] if a["outcome"].startswith("requeued for the time limit")]
     assert len(requeued) == len(metrics["attempts"]) - 1 >= 1
     assert all(a["step"] > a["resumed_from_step"] for a in requeued)
-    assert f"time-limit warning: job {job_id} requeued (time-limit requeue 1, after " in _log(model_dir, job_id)
+    assert f"time-limit warning: job {job_id} requeued (requeue 1, after " in _log(model_dir, job_id)
 
 
 def test_preemption_by_an_urgent_job_resumes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
@@ -267,12 +268,16 @@ def test_a_hand_written_srun_of_two_trains_the_same_weights_and_the_batch_step_i
     assert batch["weights_sha256"] == short_reference_sha256
 
 
-def test_two_tasks_requeued_mid_run_resume_bitwise(capsys, slurm_env, tmp_path):
+@pytest.fixture(scope="module")
+def long_reference_sha256(tmp_path_factory):
+    # Trained before the jobs that use it, not alongside: two trainings on 2 cores slow each other.
+    return _one_process_sha256(tmp_path_factory.mktemp("long-ref") / "run", _task_flags(LONG_STEPS))
+
+
+def test_two_tasks_requeued_mid_run_resume_bitwise(capsys, slurm_env, tmp_path, long_reference_sha256):
     """`scontrol requeue` (as a preemption does) sends SIGTERM to both tasks: the chief checkpoints after its
     step, both exit 75, and the restarted job resumes to the weights of an uninterrupted one-process run."""
-    # The reference trains first, not alongside the job: on 2 cores that load made the worker miss the chief's
-    # exit code after the requeue (it left with 1, "gone without saying how the run ended"), see the report.
-    reference_sha256 = _one_process_sha256(tmp_path / "reference", _task_flags(LONG_STEPS))
+    reference_sha256 = long_reference_sha256
     model_dir = tmp_path / "requeued"
     job_id = _submit_tasks(capsys, model_dir, LONG_STEPS)
     _wait_for_log(model_dir, job_id, rf"step +{LONG_STEPS // 15 * 2}/")
@@ -289,3 +294,37 @@ def test_two_tasks_requeued_mid_run_resume_bitwise(capsys, slurm_env, tmp_path):
     attempts = metrics["attempts"]
     assert [a["outcome"] for a in attempts] == [f"stopped by signal 15 at step {stopped}", "finished"]
     assert attempts[1]["resumed_from_step"] == stopped < LONG_STEPS
+
+
+def _task_pid(job_id: int, task: int) -> int:
+    """The pid of trainer task `task` of Slurm job `job_id`, found by its environment."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        ours = environ.get(b"SLURM_JOB_ID") == str(job_id).encode() and b"-m\0trainer\0" in command
+        if ours and environ.get(b"SLURM_PROCID") == str(task).encode():
+            return int(pid)
+    raise AssertionError(f"no task {task} of job {job_id}")
+
+
+def test_a_killed_worker_requeues_the_job_and_it_resumes_bitwise(capsys, slurm_env, tmp_path, long_reference_sha256):
+    """A worker SIGKILLed mid-run (an out-of-memory kill, a crash): the step ends, the batch shell finds the
+    task lost in attempts.json and requeues the job, which resumes from the last checkpoint to the weights of
+    an uninterrupted one-process run."""
+    model_dir = tmp_path / "lost"
+    job_id = _submit_tasks(capsys, model_dir, LONG_STEPS, "--max_requeues=0")  # progress: never capped
+    _wait_for_log(model_dir, job_id, r"step +(6\d\d|[7-9]\d\d)/")  # past the checkpoint of step 500
+    os.kill(_task_pid(job_id, 1), signal.SIGKILL)
+    info = slurm_env.wait_for_state(job_id, DONE, timeout_sec=400)
+    log = _log(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
+    assert f"=== towerflow: a task was lost; job {job_id} requeued (requeue 1, after 500 steps)" in log
+    metrics = _assert_two_towers_on_two_tasks(model_dir, LONG_STEPS, long_reference_sha256)
+    first, second = metrics["attempts"]
+    assert first["outcome"].startswith("requeued after a lost task (requeue 1, after 500 steps); ")
+    assert (first["step"], second["resumed_from_step"], second["outcome"]) == (500, 500, "finished")

@@ -32,6 +32,13 @@ def _render(capsys, *argv):
     return code, out, err
 
 
+def _srun_line(script: str) -> str:
+    """The line of a multi-task script that runs the step (the batch shell goes on after it)."""
+    (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert line.endswith(" || code=$?")  # the shell goes on: a lost task may requeue the job
+    return line.removesuffix(" || code=$?")
+
+
 def _sbatch_lines(script: str) -> list[str]:
     return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
 
@@ -81,8 +88,8 @@ def test_two_nodes_srun_one_trainer_per_node_and_warn_every_task(capsys, tmp_pat
         "--cpus-per-task=8",
         "--time=04:00:00",
     ]
-    assert out.strip().splitlines()[-1] == (
-        f"exec srun --kill-on-bad-exit=1 --label --cpus-per-task=8 {sys.executable} -u -m trainer "
+    assert _srun_line(out) == (
+        f"srun --kill-on-bad-exit=1 --label --cpus-per-task=8 {sys.executable} -u -m trainer "
         f"--model_dir={tmp_path}/mn --max_requeues=3 --num_gpus=4"
     )
     assert SRUN_COMMENT in out
@@ -94,7 +101,7 @@ def test_a_node_range_is_slurms_and_every_count_in_it_is_checked(capsys, tmp_pat
     flags = ["--", "--device=cpu", "--num_gpus=2", "--micro_batches=24", "--global_batch_size=96"]
     code, out, _ = _render(capsys, f"--model_dir={tmp_path}/r", "--nodes=2-4", *flags)
     assert code == 0 and "--nodes=2-4" in _sbatch_lines(out)
-    assert out.strip().splitlines()[-1].startswith("exec srun --kill-on-bad-exit=1 --label ")
+    assert _srun_line(out).startswith("srun --kill-on-bad-exit=1 --label ")
     code, _, err = _render(capsys, f"--model_dir={tmp_path}/r", "--nodes=2-5", *flags)
     assert code == 2 and "on 5 of --nodes=2-5 nodes" in err and "these numbers of tasks do: 1, 2, 3, 4, 6, 12" in err
 
@@ -104,13 +111,13 @@ def test_two_tasks_on_one_node_share_its_gres_and_bind_their_own_gpus(capsys, tm
     assert code == 0
     lines = _sbatch_lines(out)
     assert lines[4:] == ["--nodes=1", "--ntasks-per-node=2", "--signal=USR1@300", "--gres=gpu:4"]
-    assert out.strip().splitlines()[-1] == (
-        f"exec srun --kill-on-bad-exit=1 --label --gpu-bind=per_task:2 {sys.executable} -u -m trainer "
+    assert _srun_line(out) == (
+        f"srun --kill-on-bad-exit=1 --label --gpu-bind=per_task:2 {sys.executable} -u -m trainer "
         f"--model_dir={tmp_path}/t2 --max_requeues=3 --num_gpus=2"
     )
     assert SRUN_COMMENT in out
     code, out, _ = _render(capsys, f"--model_dir={tmp_path}/t2", "--tasks_per_node=2", "--gpus_per_node=4", "--")
-    assert code == 0 and "--gres=gpu:4" in _sbatch_lines(out) and out.rstrip().endswith("--num_gpus=2")
+    assert code == 0 and "--gres=gpu:4" in _sbatch_lines(out) and _srun_line(out).endswith("--num_gpus=2")
 
 
 def test_two_cpu_tasks_on_one_node(capsys, tmp_path):
@@ -119,8 +126,8 @@ def test_two_cpu_tasks_on_one_node(capsys, tmp_path):
     )
     assert code == 0
     assert _sbatch_lines(out)[4:] == ["--nodes=1", "--ntasks-per-node=2", "--signal=USR1@300"]
-    assert out.strip().splitlines()[-1] == (
-        f"exec srun --kill-on-bad-exit=1 --label {sys.executable} -u -m trainer --model_dir={tmp_path}/c2 "
+    assert _srun_line(out) == (
+        f"srun --kill-on-bad-exit=1 --label {sys.executable} -u -m trainer --model_dir={tmp_path}/c2 "
         f"--max_requeues=3 --device=cpu --micro_batches=2"
     )
 

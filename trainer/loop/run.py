@@ -78,7 +78,7 @@ def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, j
         workers = dict(enumerate(cluster.workers))
         del workers[0]
         describe = functools.partial(distributed.describe_task, cluster)
-        lost = lambda message: attempts.end(f"lost a task: {message}")  # noqa: E731
+        lost = lambda message: attempts.end(f"{attempts_lib.LOST}: {message}")  # noqa: E731
         watch = peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost)
     with watch:
         return _build_and_train(config, stop, attempts, job)

@@ -22,7 +22,10 @@ from trainer.outputs import report
 from trainer.system.stop import TIME_LIMIT_SIGNALS, StopRequested
 
 FILE_NAME = "attempts.json"
+REQUEUED = "requeued"  # how every requeued attempt's outcome starts
 TIME_LIMIT_REQUEUED = "requeued for the time limit"
+LOST_REQUEUED = "requeued after a lost task"
+LOST = "lost a task"  # the outcome the peer watch records (trainer.system.peers)
 RUNNING = "running"
 KILLED = "killed or lost"
 
@@ -73,7 +76,7 @@ class AttemptLog:
         the run directory's lock held, it is not (SIGKILL, a lost node, an out-of-memory kill)."""
         for earlier in self.attempts:
             if earlier.outcome == RUNNING:
-                earlier.outcome = f"{KILLED} (no end recorded; last checkpointed step {earlier.step})"
+                earlier.outcome = _killed(earlier)
         attempt = Attempt(
             attempt=len(self.attempts) + 1,
             started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -103,16 +106,16 @@ class AttemptLog:
             self._write()
 
     def requeue_history(self, job_id: str) -> requeue_lib.History:
-        """The time-limit requeues of Slurm job `job_id` before the current attempt: all of them, and the latest
-        ones in a row that checkpointed no newer step than they resumed from (any attempt of the job that did
-        ends the row)."""
+        """The requeues (time limit, lost task) of Slurm job `job_id` before the current attempt: all of them,
+        and the latest ones in a row that checkpointed no newer step than they resumed from (any attempt of the
+        job that did ends the row)."""
         earlier = [a for a in self.attempts if a.slurm_job_id == job_id and a is not self.current]
-        requeued = [a for a in earlier if a.outcome.startswith(TIME_LIMIT_REQUEUED)]
+        requeued = [a for a in earlier if a.outcome.startswith(REQUEUED)]
         without_progress = 0
         for attempt in reversed(earlier):
             if attempt.step > attempt.resumed_from_step:
                 break
-            without_progress += attempt.outcome.startswith(TIME_LIMIT_REQUEUED)
+            without_progress += attempt.outcome.startswith(REQUEUED)
         return requeue_lib.History(len(requeued), without_progress)
 
     def examples_per_sec(self) -> float:
@@ -161,3 +164,33 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
         return f"time-limit warning: requeue failed: {e}. Resubmit the job to resume."
     log.end(f"{TIME_LIMIT_REQUEUED} ({decision.reason}); {outcome}")
     return f"time-limit warning: job {job.requeue_target} requeued ({decision.reason})"
+
+
+def after_lost_task(log: AttemptLog, job: SlurmJob, max_requeues: int) -> str:
+    """After a multi-task job step ended: when the job's last attempt ended because a task was lost (the peer
+    watch's outcome, a step failed on a dead worker, or no end recorded: the chief killed), requeues the job
+    as `launch.requeue.decide` allows and records it. Returns a line saying what it did."""
+    last = log.attempts[-1] if log.attempts else None
+    if last is None or last.slurm_job_id != job.job_id:
+        return "no attempt of this job in attempts.json (it ended before training): not requeued"
+    lost = last.outcome.startswith((LOST, "failed: WorkerLost")) or last.outcome == RUNNING
+    if not lost:
+        return f"the attempt ended as {last.outcome[:80]!r}: nothing to requeue"
+    log.current = last
+    trained = last.step - last.resumed_from_step
+    decision = requeue_lib.decide(job, max_requeues, log.requeue_history(job.job_id), 1, trained, False)
+    ended = last.outcome if last.outcome != RUNNING else _killed(last)
+    if not decision.requeue:
+        log.end(f"{ended}; not requeued: {decision.reason}")
+        return f"a task was lost; not requeued: {decision.reason}"
+    try:
+        requeue_lib.requeue(job)
+    except requeue_lib.RequeueError as e:
+        log.end(f"{ended}; requeue failed: {e}")
+        return f"a task was lost; requeue failed: {e}. Resubmit the job to resume."
+    log.end(f"{LOST_REQUEUED} ({decision.reason}); {ended}")
+    return f"a task was lost; job {job.requeue_target} requeued ({decision.reason})"
+
+
+def _killed(attempt: Attempt) -> str:
+    return f"{KILLED} (no end recorded; last checkpointed step {attempt.step})"

@@ -198,7 +198,7 @@ class LoopConfig:
     keep_checkpoints: int = 3
     export: bool = True
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
-    max_requeues: int = 3  # Slurm: time-limit requeues one job may make (see launch/requeue.py)
+    max_requeues: int = 3  # Slurm: requeues in a row without a step trained (see launch/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/outputs/rundir.py)
     steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.calls); 0: auto
 

@@ -114,8 +114,22 @@ def explain(error: BaseException, cluster: Cluster) -> WorkerLost | None:
     if not tasks:
         return None
     who = ", ".join(describe_task(cluster, t) for t in tasks)
-    first_line = str(error).strip().splitlines()[0][:200]
-    return WorkerLost(f"lost {who}: {first_line}. The last checkpoint is kept: rerun the job to resume from it")
+    return WorkerLost(f"lost {who}: {cause(error)}. The last checkpoint is kept: rerun the job to resume from it")
+
+
+_GRPC_MESSAGE = re.compile(r'grpc_message:"([^"]+)"')
+_HEADERS = ("Graph execution error", "Detected at node", "Encountered when executing", "Additional GRPC error")
+
+
+def cause(error: BaseException) -> str:
+    """What went wrong, in a line: gRPC's own message when there is one ("Socket closed", "failed to connect
+    ..."), else the first line of the error that is not one of TensorFlow's headers."""
+    text = str(error)
+    grpc = _GRPC_MESSAGE.search(text)
+    if grpc:
+        return grpc.group(1)[:200]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(_HEADERS)]
+    return (lines[0] if lines else type(error).__name__)[:200]
 
 
 def serve(cluster: Cluster, config: RunConfig, stop: stop_lib.StopRequest, log=print) -> int:
