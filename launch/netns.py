@@ -153,6 +153,8 @@ class Network:
     def unpublish_names(self) -> None:
         for i in range(1, MAX_NAMESPACES + 1):
             shutil.rmtree(NETNS_ETC / self.namespace(i), ignore_errors=True)
+        with contextlib.suppress(OSError):  # /etc/netns itself, if publish_names made it and nothing else is in it
+            NETNS_ETC.rmdir()
         _rewrite_hosts(self._mark, [])
 
     @property
