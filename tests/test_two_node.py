@@ -7,9 +7,12 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
+from launch import two_node_slurm as two_node_lib
 from tests._cluster_helpers import BASE_FLAGS, ROOT, Job, metrics
 
 pytestmark = pytest.mark.twonode
@@ -60,3 +63,24 @@ def test_a_job_on_two_nodes_completes_with_the_weights_of_one_process(two_node_s
     assert (result["num_tasks"], result["num_towers"], result["towers_per_task"]) == (2, 4, 2)
     assert result["global_step"] == STEPS
     assert result["weights_sha256"] == one_process_sha256
+
+
+def _tfn1_reaches_tfn2_slurmd() -> bool:
+    """Whether a TCP connection from inside tfn1 to tfn2's slurmd opens, by node name (tfn1's /etc/hosts)."""
+    connect = f"import socket; socket.create_connection(('tfn2', {two_node_lib.SITE.ports[1]}), timeout=1).close()"
+    probe = ["ip", "netns", "exec", "tfn1", sys.executable, "-c", connect]
+    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+
+
+def test_cut_takes_a_nodes_link_down_for_that_long_only(two_node_slurm):
+    """What the fault tests will rely on: during `cut`, nothing gets from one node to the other; after it,
+    the link is back by itself."""
+    assert _tfn1_reaches_tfn2_slurmd()
+    outage = threading.Thread(target=two_node_slurm.cut, args=("tfn2", 3.0))
+    started = time.monotonic()
+    outage.start()
+    time.sleep(0.5)
+    assert " DOWN " in two_node_lib.NET.link(2) and not _tfn1_reaches_tfn2_slurmd()
+    outage.join()
+    assert 3.0 <= time.monotonic() - started < 10
+    assert " UP " in two_node_lib.NET.link(2) and _tfn1_reaches_tfn2_slurmd()
