@@ -5,42 +5,32 @@ Processes on 127.0.0.1 share `lo`, whose byte counter merges every task's traffi
 namespace `tfnode<i>` (i = 1..N) behind a veth pair: `eth0` inside with address 10.78.0.(10 + i)/24, the host
 side `vtf<i>` on the bridge `br-tf` (10.78.0.1/24). Every byte a namespace sends or receives crosses its
 veth, so the kernel's counters of the host side give that task's traffic alone (`read_counters`: host-side
-rx = bytes the namespace sent). Names and the subnet stay clear of the two-node Slurm fixture (br-2n,
-10.77.0.0/24, namespaces node1, node2). Needs root and iproute2's `ip`; stdlib only, no TensorFlow.
+rx = bytes the namespace sent). That is `WIRE`, the network of benchmarks.wire and tests/test_wire.py; the
+module's functions are its methods. Another `Network` (other bridge, subnet and names) can run beside it:
+launch/two_node_slurm.py's nodes live on one (br-tf2n, 10.79.0.0/24, tfn1 and tfn2), and give their
+namespaces names that resolve (`publish_names`). Needs root and iproute2's `ip`; stdlib only, no TensorFlow.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
-BRIDGE = "br-tf"
-SUBNET = "10.78.0"
-HOST_ADDRESS = f"{SUBNET}.1"
 PREFIX_LEN = 24
-NAMESPACE = "tfnode"  # tfnode1, tfnode2, ...
 INNER_INTERFACE = "eth0"
 MAX_NAMESPACES = 200  # addresses .11 .. .210
+HOSTS = Path("/etc/hosts")
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/<file> over /etc/<file>
 
 
 class NetnsUnavailable(RuntimeError):
     """Namespaces cannot be made here (not root, no `ip`, or `ip` failed); the message says why."""
-
-
-def namespace(i: int) -> str:
-    return f"{NAMESPACE}{i}"
-
-
-def address(i: int) -> str:
-    """The IPv4 address of namespace i (1-based) on the bridge."""
-    return f"{SUBNET}.{10 + i}"
-
-
-def veth(i: int) -> str:
-    """The host side of namespace i's veth pair, on the bridge."""
-    return f"vtf{i}"
 
 
 def _require() -> None:
@@ -61,72 +51,149 @@ def _exists(interface: str) -> bool:
     return os.path.exists(f"/sys/class/net/{interface}")
 
 
-def namespaces() -> list[str]:
-    """The tfnode<i> namespaces that exist now."""
-    names = (line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip())
-    ours = [n for n in names if n.startswith(NAMESPACE) and n[len(NAMESPACE) :].isdigit()]
-    return sorted(ours, key=lambda n: int(n[len(NAMESPACE) :]))
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """Namespaces <prefix>1..N on one bridge, with host sides <veth_prefix><i>. Networks with distinct names
+    and subnets never touch each other's namespaces, interfaces or host names, so each user owns one."""
+
+    bridge: str
+    subnet: str  # the first three octets; the bridge is .1, namespace i is .(10 + i)
+    prefix: str
+    veth_prefix: str
+
+    @property
+    def host_address(self) -> str:
+        return f"{self.subnet}.1"
+
+    def namespace(self, i: int) -> str:
+        return f"{self.prefix}{i}"
+
+    def address(self, i: int) -> str:
+        """The IPv4 address of namespace i (1-based) on the bridge."""
+        return f"{self.subnet}.{10 + i}"
+
+    def veth(self, i: int) -> str:
+        """The host side of namespace i's veth pair, on the bridge."""
+        return f"{self.veth_prefix}{i}"
+
+    def index(self, name: str) -> int:
+        """i of the namespace named `name`, or 0 if `name` is not one of this network's."""
+        rest = name[len(self.prefix) :]
+        return int(rest) if name.startswith(self.prefix) and rest.isdigit() else 0
+
+    def namespaces(self) -> list[str]:
+        """This network's namespaces that exist now."""
+        names = (line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip())
+        return sorted((n for n in names if self.index(n)), key=self.index)
+
+    def up(self, n: int) -> list[str]:
+        """Makes the bridge and namespaces 1..n (what exists already is kept); returns their addresses."""
+        _require()
+        if not 1 <= n <= MAX_NAMESPACES:
+            raise ValueError(f"between 1 and {MAX_NAMESPACES} namespaces, not {n}")
+        if not _exists(self.bridge):
+            _ip("link", "add", self.bridge, "type", "bridge")
+        if f"{self.host_address}/" not in _ip("-4", "addr", "show", "dev", self.bridge):
+            _ip("addr", "add", f"{self.host_address}/{PREFIX_LEN}", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        existing = set(self.namespaces())
+        for i in range(1, n + 1):
+            if self.namespace(i) not in existing:
+                _ip("netns", "add", self.namespace(i))
+            self._wire(i)
+        return [self.address(i) for i in range(1, n + 1)]
+
+    def _wire(self, i: int) -> None:
+        """Namespace i's veth pair, address and links up (lo too: a process may talk to itself on 127.0.0.1)."""
+        ns = self.namespace(i)
+        if not _exists(self.veth(i)):
+            _ip("link", "add", self.veth(i), "type", "veth", "peer", "name", INNER_INTERFACE, "netns", ns)
+        _ip("link", "set", self.veth(i), "master", self.bridge, "up")
+        if f"{self.address(i)}/" not in _ip("-n", ns, "-4", "addr", "show", "dev", INNER_INTERFACE):
+            _ip("-n", ns, "addr", "add", f"{self.address(i)}/{PREFIX_LEN}", "dev", INNER_INTERFACE)
+        self.set_link(i, up=True)
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+    def set_link(self, i: int, up: bool) -> None:
+        """Takes namespace i's interface down (a cable pulled: nothing in or out, addresses kept) or up again."""
+        _ip("-n", self.namespace(i), "link", "set", INNER_INTERFACE, "up" if up else "down")
+
+    def link(self, i: int) -> str:
+        """`ip -br link` of namespace i's interface (name, UP or DOWN, ...), or "" without the namespace."""
+        return _ip("-n", self.namespace(i), "-br", "link", "show", INNER_INTERFACE, check=False).strip()
+
+    def down(self) -> None:
+        """Removes this network's namespaces (their veth pairs go with them, and any process still in one is
+        killed: the namespace would outlive its name), its names and the bridge; a no-op when absent."""
+        _require()
+        for ns in self.namespaces():
+            for pid in _ip("netns", "pids", ns, check=False).split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "delete", ns)
+        for i in range(1, MAX_NAMESPACES + 1):  # a veth whose namespace was deleted by hand may linger briefly
+            if _exists(self.veth(i)):
+                _ip("link", "delete", self.veth(i), check=False)
+        self.unpublish_names()
+        if _exists(self.bridge):
+            _ip("link", "delete", self.bridge)
+
+    def publish_names(self, n: int, extra: dict[str, str]) -> None:
+        """Makes namespace names 1..n (and `extra`, name -> address) resolve: inside each namespace through
+        /etc/netns/<ns>/hosts (for what `run_in`, or `ip netns exec`, starts afterwards), and on the host
+        through lines of /etc/hosts marked as this network's. Idempotent; `down` takes them back."""
+        names = {self.namespace(i): self.address(i) for i in range(1, n + 1)} | extra
+        inside = "127.0.0.1 localhost\n" + "".join(f"{address} {name}\n" for name, address in names.items())
+        for i in range(1, n + 1):
+            (NETNS_ETC / self.namespace(i)).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / self.namespace(i) / "hosts").write_text(inside)
+        ours = [f"{self.address(i)} {self.namespace(i)} {self._mark}" for i in range(1, n + 1)]
+        _rewrite_hosts(self._mark, ours)
+
+    def unpublish_names(self) -> None:
+        for i in range(1, MAX_NAMESPACES + 1):
+            shutil.rmtree(NETNS_ETC / self.namespace(i), ignore_errors=True)
+        with contextlib.suppress(OSError):  # /etc/netns itself, if publish_names made it and nothing else is in it
+            NETNS_ETC.rmdir()
+        _rewrite_hosts(self._mark, [])
+
+    @property
+    def _mark(self) -> str:
+        return f"# launch.netns {self.bridge}"
+
+    def read_counters(self, i: int) -> tuple[int, int]:
+        """(rx_bytes, tx_bytes) of namespace i as the namespace sees them: (bytes it received, bytes it sent).
+
+        Read on the host side of the veth pair, where the directions are swapped: what the host side transmits
+        the namespace receives."""
+        stats = f"/sys/class/net/{self.veth(i)}/statistics"
+        if not os.path.isdir(stats):
+            raise NetnsUnavailable(f"no interface {self.veth(i)}: is namespace {self.namespace(i)} up?")
+        with open(f"{stats}/tx_bytes") as tx, open(f"{stats}/rx_bytes") as rx:
+            return int(tx.read()), int(rx.read())
+
+    def run_in(self, i: int, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen:
+        """Starts `argv` inside namespace i (`ip netns exec`, which keeps the environment); returns the process."""
+        _require()
+        return subprocess.Popen(["ip", "netns", "exec", self.namespace(i), *argv], env=env, **popen_kwargs)
 
 
-def up(n: int) -> list[str]:
-    """Makes the bridge and namespaces 1..n (what exists already is kept); returns their addresses."""
-    _require()
-    if not 1 <= n <= MAX_NAMESPACES:
-        raise ValueError(f"between 1 and {MAX_NAMESPACES} namespaces, not {n}")
-    if not _exists(BRIDGE):
-        _ip("link", "add", BRIDGE, "type", "bridge")
-    if f"{HOST_ADDRESS}/" not in _ip("-4", "addr", "show", "dev", BRIDGE):
-        _ip("addr", "add", f"{HOST_ADDRESS}/{PREFIX_LEN}", "dev", BRIDGE)
-    _ip("link", "set", BRIDGE, "up")
-    existing = set(namespaces())
-    for i in range(1, n + 1):
-        if namespace(i) not in existing:
-            _ip("netns", "add", namespace(i))
-        _wire(i)
-    return [address(i) for i in range(1, n + 1)]
+def _rewrite_hosts(mark: str, lines: list[str]) -> None:
+    """/etc/hosts without the lines ending in `mark`, plus `lines`; untouched when that changes nothing.
+
+    Written in place: in a container /etc/hosts is often a bind mount, which a rename cannot replace."""
+    old = HOSTS.read_text() if HOSTS.exists() else ""
+    kept = [line for line in old.splitlines() if not line.endswith(mark)]
+    new = "".join(f"{line}\n" for line in kept + lines)
+    if new != old:
+        with open(HOSTS, "r+" if HOSTS.exists() else "w") as f:
+            f.write(new)  # the kept lines come first, as before: a reader never misses localhost
+            f.truncate()
 
 
-def _wire(i: int) -> None:
-    """Namespace i's veth pair, address and links up (lo too: a process may talk to itself on 127.0.0.1)."""
-    ns = namespace(i)
-    if not _exists(veth(i)):
-        _ip("link", "add", veth(i), "type", "veth", "peer", "name", INNER_INTERFACE, "netns", ns)
-    _ip("link", "set", veth(i), "master", BRIDGE, "up")
-    inside = ("netns", "exec", ns, "ip")
-    if f"{address(i)}/" not in _ip(*inside, "-4", "addr", "show", "dev", INNER_INTERFACE):
-        _ip(*inside, "addr", "add", f"{address(i)}/{PREFIX_LEN}", "dev", INNER_INTERFACE)
-    _ip(*inside, "link", "set", INNER_INTERFACE, "up")
-    _ip(*inside, "link", "set", "lo", "up")
-
-
-def down() -> None:
-    """Removes every tfnode<i> namespace (their veth pairs go with them) and the bridge; a no-op when absent."""
-    _require()
-    for ns in namespaces():
-        _ip("netns", "delete", ns)
-    for i in range(1, MAX_NAMESPACES + 1):  # a veth whose namespace was deleted by hand may linger briefly
-        if _exists(veth(i)):
-            _ip("link", "delete", veth(i), check=False)
-    if _exists(BRIDGE):
-        _ip("link", "delete", BRIDGE)
-
-
-def read_counters(i: int) -> tuple[int, int]:
-    """(rx_bytes, tx_bytes) of namespace i as the namespace sees them: (bytes it received, bytes it sent).
-
-    Read on the host side of the veth pair, where the directions are swapped: what the host side transmits
-    the namespace receives."""
-    stats = f"/sys/class/net/{veth(i)}/statistics"
-    if not os.path.isdir(stats):
-        raise NetnsUnavailable(f"no interface {veth(i)}: is namespace {namespace(i)} up (launch.netns.up)?")
-    with open(f"{stats}/tx_bytes") as tx, open(f"{stats}/rx_bytes") as rx:
-        return int(tx.read()), int(rx.read())
-
-
-def run_in(i: int, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen:
-    """Starts `argv` inside namespace i (`ip netns exec`, which keeps the environment); returns the process."""
-    _require()
-    return subprocess.Popen(["ip", "netns", "exec", namespace(i), *argv], env=env, **popen_kwargs)
+WIRE = Network(bridge="br-tf", subnet="10.78.0", prefix="tfnode", veth_prefix="vtf")
+namespace, address, veth, namespaces = WIRE.namespace, WIRE.address, WIRE.veth, WIRE.namespaces
+up, down, read_counters, run_in = WIRE.up, WIRE.down, WIRE.read_counters, WIRE.run_in
 
 
 def main(argv: list[str]) -> int:
@@ -138,7 +205,7 @@ def main(argv: list[str]) -> int:
             down()
         elif argv == ["status"]:
             for ns in namespaces():
-                i = int(ns[len(NAMESPACE) :])
+                i = WIRE.index(ns)
                 received, sent = read_counters(i)
                 print(f"{ns} {address(i)} {veth(i)} received {received} B, sent {sent} B")
         else:

@@ -1,5 +1,5 @@
 """Shared test setup: 4 logical CPU devices stand in for GPUs, a per-session digits cache (per xdist worker),
-and the tests marked slurm kept on one xdist worker.
+and the tests marked slurm or twonode kept on one xdist worker.
 
 Logical devices can only be configured before TensorFlow initialises its devices, so this happens once,
 when pytest loads this file, before any test module runs an op.
@@ -13,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import pytest  # noqa: E402
 
 from tests.slurm_fixture import local_slurm  # noqa: E402, F401 (the session's local Slurm, for tests marked slurm)
+from tests.two_node_fixture import two_node_slurm  # noqa: E402, F401 (the two-node Slurm, for tests marked twonode)
 
 NUM_LOGICAL_DEVICES = 4
 
@@ -26,10 +27,12 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2`, with setup.cfg's `--dist loadgroup`), every test marked slurm runs on one
-    worker: they share the one local Slurm the session fixture `local_slurm` brings up and takes down."""
+    """Under pytest-xdist (`-n 2`, with setup.cfg's `--dist loadgroup`), every test marked slurm or twonode runs
+    on one worker: the slurm ones share the one local Slurm the session fixture `local_slurm` brings up and takes
+    down, and jobs on either Slurm take both cores for up to minutes, which tests timing Slurm's signals do not
+    survive beside each other."""
     for item in items:
-        if item.get_closest_marker("slurm"):
+        if item.get_closest_marker("slurm") or item.get_closest_marker("twonode"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
 
 

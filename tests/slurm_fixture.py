@@ -10,22 +10,29 @@ import os
 import pytest
 
 from launch import local_slurm as slurm_lib
+from launch import slurm_daemons
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: needs the local Slurm that tests/slurm_fixture.py brings up (root)")
 
 
+def session_slurm(up, down, what: str):
+    """For a session fixture: installs Slurm if needed and yields `up()`; skips where it cannot (fails with
+    TOWERFLOW_REQUIRE_SLURM=1); afterwards `down()`, only if `up()` started something."""
+    try:
+        slurm_daemons.install()
+        slurm = up()
+    except slurm_daemons.SlurmUnavailable as e:
+        if os.environ.get("TOWERFLOW_REQUIRE_SLURM") == "1":
+            raise
+        pytest.skip(f"no {what}: {e}")
+    yield slurm
+    if slurm.started_here:
+        down()
+
+
 @pytest.fixture(scope="session")
 def local_slurm():
     """Installs and starts (or reuses) the local Slurm; skips where it cannot; stops it only if it started it."""
-    try:
-        slurm_lib.install()
-        slurm = slurm_lib.up()
-    except slurm_lib.SlurmUnavailable as e:
-        if os.environ.get("TOWERFLOW_REQUIRE_SLURM") == "1":
-            raise
-        pytest.skip(f"no local Slurm: {e}")
-    yield slurm
-    if slurm.started_here:
-        slurm_lib.down()
+    yield from session_slurm(slurm_lib.up, slurm_lib.down, "local Slurm")

@@ -1,0 +1,86 @@
+"""A towerflow job on two real Slurm nodes (tests/two_node_fixture.py: launch/two_node_slurm.py, two slurmd in
+network namespaces of their own on one bridge). Submitted as a user does, `python -m launch.slurm --nodes=2`,
+one task per node with two towers each (K = 4 micro-batches: 2 tasks x 2 towers), it completes, each task on
+its node, the tasks finding each other by node name, and it trains the weights of one process with 4 towers."""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from launch import two_node_slurm as two_node_lib
+from tests._cluster_helpers import BASE_FLAGS, ROOT, Job, metrics
+
+pytestmark = pytest.mark.twonode
+
+STEPS = 48
+LAYOUT = ("--micro_batches=4", "--global_batch_size=64", f"--train_steps={STEPS}", "--seed=5")
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@pytest.fixture(scope="module")
+def one_process_sha256(tmp_path_factory):
+    """The weights of the same flags and K trained by one process with 4 towers, outside Slurm (first: never
+    beside the job, on 2 cores)."""
+    model_dir = tmp_path_factory.mktemp("one-process") / "run"
+    job = Job(model_dir, [{}], 4, *LAYOUT)
+    assert job.wait() == [0], job.output(0)[-3000:]
+    return metrics(model_dir)["weights_sha256"]
+
+
+def _submit(slurm, model_dir) -> int:
+    """`python -m launch.slurm --nodes=2 ...` in a shell of the two-node Slurm (its SLURM_CONF); the job id."""
+    launcher = [f"--model_dir={model_dir}", "--nodes=2", "--cpus_per_task=1", "--time=5"]
+    command = [sys.executable, "-m", "launch.slurm", *launcher, "--", *BASE_FLAGS, "--num_gpus=2", *LAYOUT]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "TF_CONFIG"}
+    env.update(slurm.env, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return int(re.search(r"^submitted job (\d+)$", done.stdout, re.MULTILINE)[1])
+
+
+def test_a_job_on_two_nodes_completes_with_the_weights_of_one_process(two_node_slurm, tmp_path, one_process_sha256):
+    model_dir = tmp_path / "two-nodes"
+    job_id = _submit(two_node_slurm, model_dir)
+    # No accounting (no slurmdbd): sacct only says "Slurm accounting storage is disabled". scontrol shows the
+    # final state while the job is retained (MinJobAge=3600 s).
+    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=150)
+    log_path = model_dir / "slurm" / f"towerflow-{model_dir.name}-{job_id}.log"
+    log = log_path.read_text() if log_path.exists() else f"(no {log_path})"
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), log[-3000:]
+    assert (info["NumNodes"], info["NumTasks"], info["NodeList"]) == ("2", "2", "tfn[1-2]")
+    assert f"=== towerflow: job {job_id} restart 0 on tfn1 at" in log  # the batch step, on the first node
+    port = 12000 + (job_id % 2500) * 8  # launch.cluster's derived port: local task 0 on each node
+    workers = f"workers tfn1:{port}, tfn2:{port}"
+    assert f"chief of task 0 of 2 (slurm job {job_id} step 0), {workers}" in log, log[-3000:]
+    assert f"task 1 of 2 (slurm job {job_id} step 0), {workers}: serving 2 cpu device(s) to the chief" in log
+    assert f"the chief at tfn1:{port} ended the run with exit code 0; exiting with it" in log
+    result = metrics(model_dir)
+    assert (result["num_tasks"], result["num_towers"], result["towers_per_task"]) == (2, 4, 2)
+    assert result["global_step"] == STEPS
+    assert result["weights_sha256"] == one_process_sha256
+
+
+def _tfn1_reaches_tfn2_slurmd() -> bool:
+    """Whether a TCP connection from inside tfn1 to tfn2's slurmd opens, by node name (tfn1's /etc/hosts)."""
+    connect = f"import socket; socket.create_connection(('tfn2', {two_node_lib.SITE.ports[1]}), timeout=1).close()"
+    probe = ["ip", "netns", "exec", "tfn1", sys.executable, "-c", connect]
+    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+
+
+def test_cut_takes_a_nodes_link_down_for_that_long_only(two_node_slurm):
+    """What the fault tests will rely on: during `cut`, nothing gets from one node to the other; after it,
+    the link is back by itself."""
+    assert _tfn1_reaches_tfn2_slurmd()
+    outage = threading.Thread(target=two_node_slurm.cut, args=("tfn2", 3.0))
+    started = time.monotonic()
+    outage.start()
+    time.sleep(0.5)
+    assert " DOWN " in two_node_lib.NET.link(2) and not _tfn1_reaches_tfn2_slurmd()
+    outage.join()
+    assert 3.0 <= time.monotonic() - started < 10
+    assert " UP " in two_node_lib.NET.link(2) and _tfn1_reaches_tfn2_slurmd()
