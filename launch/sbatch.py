@@ -231,14 +231,16 @@ def _shell(command: list[str]) -> str:
 
 
 def _step_then_requeue_if_lost(spec: JobSpec, srun: list[str]) -> list[str]:
-    """The batch shell runs the step, then asks the run's attempts.json (the chief's node is this one) whether
-    a task was lost, requeueing the job if so. The TERM trap keeps the shell alive while the tasks checkpoint
-    after a preemption (srun hears the SIGTERM as before; the shell's own is handled once srun ends)."""
+    """The batch shell starts the step, and `trainer.outputs.lost` waits for it: it ends an srun that still
+    waits for a task 30 s after the chief's attempt ended (a node's task-exit message lost in an outage), then
+    asks the run's attempts.json (the chief's node is this one) whether a task was lost, requeueing the job if
+    so. The TERM trap keeps the shell alive while the tasks checkpoint after a preemption."""
     requeue = [spec.python, "-u", "-m", "trainer.outputs.lost", f"--model_dir={spec.model_dir}"]
     return [
         "trap 'echo \"=== towerflow: SIGTERM to the batch shell\"' TERM",
-        "code=0",
-        _shell(srun) + " || code=$?",
-        _shell([*requeue, f"--max_requeues={spec.max_requeues}"]) + " || true",
+        _shell(srun) + " &",
+        "step=$!",
+        _shell([*requeue, f"--max_requeues={spec.max_requeues}"]) + ' --srun_pid="$step" || true',
+        'code=0; wait "$step" || code=$?',
         'exit "$code"',
     ]

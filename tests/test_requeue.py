@@ -5,6 +5,9 @@ tests/test_slurm_jobs.py does it on a real one)."""
 import json
 import os
 import signal
+import subprocess
+import threading
+import time
 
 import pytest
 
@@ -12,6 +15,7 @@ from launch import requeue
 from launch.cluster import SlurmJob, slurm_job
 from trainer.loop.run import train
 from trainer.outputs import attempts as attempts_lib
+from trainer.outputs import lost
 from trainer.system import stop as stop_lib
 
 JOB = SlurmJob("101")
@@ -198,3 +202,26 @@ def test_a_lost_task_requeues_the_job_by_the_rule_of_time_limits(
 
 def _attempts_in(directory):
     return json.loads((directory / "attempts.json").read_text())
+
+
+@pytest.mark.quick
+def test_an_srun_that_outlives_the_chiefs_attempt_is_ended(tmp_path):
+    """srun waiting for a task-exit message lost in an outage: killed `grace_sec` after the attempt ended."""
+    srun = subprocess.Popen(["sleep", "60"])
+    job = SlurmJob("305", restart_count=2)
+    (tmp_path / "attempts.json").write_text(json.dumps([_attempt(1, "305", 0, 10, "running")]))
+    started = time.monotonic()
+    threading.Timer(1.0, lambda: (tmp_path / "attempts.json").write_text(
+        json.dumps([{**_attempt(1, "305", 0, 10, "lost a task: ..."), "slurm_restart_count": 2}])
+    )).start()  # fmt: skip
+    lost.wait_for_srun(srun.pid, str(tmp_path), job, grace_sec=2.0)
+    assert srun.wait(timeout=5) == -signal.SIGKILL
+    assert 3.0 <= time.monotonic() - started < 8
+
+
+@pytest.mark.quick
+def test_an_srun_that_ends_by_itself_is_left_alone(tmp_path):
+    srun = subprocess.Popen(["sleep", "1"])
+    (tmp_path / "attempts.json").write_text(json.dumps([_attempt(1, "305", 0, 10, "lost a task: ...")]))
+    lost.wait_for_srun(srun.pid, str(tmp_path), SlurmJob("999"), grace_sec=0.0)  # another job's attempt
+    assert srun.wait(timeout=5) == 0

@@ -32,10 +32,10 @@ def one_process_sha256(tmp_path_factory):
     return metrics(model_dir)["weights_sha256"]
 
 
-def _submit(slurm, model_dir) -> int:
+def _submit(slurm, model_dir, layout=LAYOUT) -> int:
     """`python -m launch.slurm --nodes=2 ...` in a shell of the two-node Slurm (its SLURM_CONF); the job id."""
     launcher = [f"--model_dir={model_dir}", "--nodes=2", "--cpus_per_task=1", "--time=5"]
-    command = [sys.executable, "-m", "launch.slurm", *launcher, "--", *BASE_FLAGS, "--num_gpus=2", *LAYOUT]
+    command = [sys.executable, "-m", "launch.slurm", *launcher, "--", *BASE_FLAGS, "--num_gpus=2", *layout]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "TF_CONFIG"}
     env.update(slurm.env, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -84,3 +84,65 @@ def test_cut_takes_a_nodes_link_down_for_that_long_only(two_node_slurm):
     outage.join()
     assert 3.0 <= time.monotonic() - started < 10
     assert " UP " in two_node_lib.NET.link(2) and _tfn1_reaches_tfn2_slurmd()
+
+
+# ~12 ms a step across the two nodes on 2 cores: long enough to cut a node's network mid-run.
+LONG_LAYOUT = (*LAYOUT[:2], "--train_steps=2500", "--seed=5", "--log_every_steps=100")
+
+
+def _log_of(model_dir, job_id) -> str:
+    path = model_dir / "slurm" / f"towerflow-{model_dir.name}-{job_id}.log"
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def long_sha256(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("long-one-process") / "run"
+    reference = Job(model_dir, [{}], 4, *LONG_LAYOUT)  # first: never beside a job
+    assert reference.wait() == [0], reference.output(0)[-3000:]
+    return metrics(model_dir)["weights_sha256"]
+
+
+def _submit_and_cut(slurm, model_dir, seconds: float, *extra: str) -> int:
+    """Submits the long job and takes tfn2's link down for `seconds` once it trains (step 300 to 600)."""
+    job_id = _submit(slurm, model_dir, (*LONG_LAYOUT, *extra))
+    deadline = time.monotonic() + 120
+    while not re.search(r"step +(3|4|5|6)00/", _log_of(model_dir, job_id)):
+        assert time.monotonic() < deadline, _log_of(model_dir, job_id)[-3000:]
+        time.sleep(0.2)
+    slurm.cut("tfn2", seconds)
+    return job_id
+
+
+def test_a_network_outage_shorter_than_the_peer_timeout_is_ridden_out(two_node_slurm, tmp_path, long_sha256):
+    """tfn2's link down for 10 s mid-run (--peer_timeout_sec is 60): nothing ends, the step goes on once
+    packets flow again, and the job completes in its first attempt with the weights of one process."""
+    model_dir = tmp_path / "outage"
+    job_id = _submit_and_cut(two_node_slurm, model_dir, 10.0)
+    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=240)
+    log = _log_of(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), log[-3000:]
+    assert not re.search(r"^\d: error", log, re.MULTILINE), log[-3000:]
+    result = metrics(model_dir)
+    assert [a["outcome"] for a in result["attempts"]] == ["finished"]
+    assert result["weights_sha256"] == long_sha256
+
+
+def test_a_longer_outage_ends_every_task_and_the_job_requeues_itself_and_finishes(
+    two_node_slurm, tmp_path, long_sha256
+):
+    """tfn2's link down for 25 s with --peer_timeout_sec=8: each task ends with 75 naming the other; tfn2's
+    task-exit message is lost, so the batch shell ends the waiting srun and requeues the job, which resumes
+    and finishes with the weights of one process."""
+    model_dir = tmp_path / "long-outage"
+    job_id = _submit_and_cut(two_node_slurm, model_dir, 25.0, "--peer_timeout_sec=8")
+    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=360)
+    log = _log_of(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
+    port = 12000 + (job_id % 2500) * 8
+    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in log
+    assert f"1: error: the chief, task 0 (tfn1:{port}), has not answered for " in log
+    assert "=== towerflow: a task was lost; job" in log
+    first, second = metrics(model_dir)["attempts"]
+    assert first["outcome"].startswith("requeued after a lost task") and second["outcome"] == "finished"
+    assert metrics(model_dir)["weights_sha256"] == long_sha256
