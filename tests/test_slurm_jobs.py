@@ -323,7 +323,7 @@ def test_a_killed_worker_requeues_the_job_and_it_resumes_bitwise(capsys, slurm_e
     info = slurm_env.wait_for_state(job_id, DONE, timeout_sec=400)
     log = _log(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
-    assert f"=== towerflow: a task was lost; job {job_id} requeued (requeue 1, after 500 steps)" in log
+    assert f"=== towerflow: a task was lost: job {job_id} requeued (requeue 1, after 500 steps)" in log
     metrics = _assert_two_towers_on_two_tasks(model_dir, LONG_STEPS, long_reference_sha256)
     first, second = metrics["attempts"]
     assert first["outcome"].startswith("requeued after a lost task (requeue 1, after 500 steps); ")

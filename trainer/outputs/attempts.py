@@ -154,16 +154,7 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
         stop.step - started if stop.step is not None and started is not None else 0,
         stop.signalled_while_training,
     )
-    if not decision.requeue:
-        log.end(f"{outcome}; not requeued: {decision.reason}")
-        return f"time-limit warning: not requeued: {decision.reason}"
-    try:
-        requeue_lib.requeue(job)
-    except requeue_lib.RequeueError as e:
-        log.end(f"{outcome}; requeue failed: {e}")
-        return f"time-limit warning: requeue failed: {e}. Resubmit the job to resume."
-    log.end(f"{TIME_LIMIT_REQUEUED} ({decision.reason}); {outcome}")
-    return f"time-limit warning: job {job.requeue_target} requeued ({decision.reason})"
+    return _carry_out(log, decision, job, outcome, TIME_LIMIT_REQUEUED, "time-limit warning")
 
 
 def after_lost_task(log: AttemptLog, job: SlurmJob, max_requeues: int) -> str:
@@ -180,16 +171,22 @@ def after_lost_task(log: AttemptLog, job: SlurmJob, max_requeues: int) -> str:
     trained = last.step - last.resumed_from_step
     decision = requeue_lib.decide(job, max_requeues, log.requeue_history(job.job_id), 1, trained, False)
     ended = last.outcome if last.outcome != RUNNING else _killed(last)
+    return _carry_out(log, decision, job, ended, LOST_REQUEUED, "a task was lost")
+
+
+def _carry_out(log: AttemptLog, decision, job: SlurmJob | None, outcome: str, requeued: str, why: str) -> str:
+    """Requeues the job if `decision` says so, and records the attempt's end: `outcome`, and what became of
+    the requeue (prefixed `requeued` when done). Returns the log line, starting with `why`."""
     if not decision.requeue:
-        log.end(f"{ended}; not requeued: {decision.reason}")
-        return f"a task was lost; not requeued: {decision.reason}"
+        log.end(f"{outcome}; not requeued: {decision.reason}")
+        return f"{why}: not requeued: {decision.reason}"
     try:
         requeue_lib.requeue(job)
     except requeue_lib.RequeueError as e:
-        log.end(f"{ended}; requeue failed: {e}")
-        return f"a task was lost; requeue failed: {e}. Resubmit the job to resume."
-    log.end(f"{LOST_REQUEUED} ({decision.reason}); {ended}")
-    return f"a task was lost; job {job.requeue_target} requeued ({decision.reason})"
+        log.end(f"{outcome}; requeue failed: {e}")
+        return f"{why}: requeue failed: {e}. Resubmit the job to resume."
+    log.end(f"{requeued} ({decision.reason}); {outcome}")
+    return f"{why}: job {job.requeue_target} requeued ({decision.reason})"
 
 
 def _killed(attempt: Attempt) -> str:
