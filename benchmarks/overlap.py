@@ -20,7 +20,6 @@ went. The trace shows the chief only: task 1's side of the same step is symmetri
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -28,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks import profile_summary
 from benchmarks.multinode import COMMON, free_ports
 from benchmarks.plan import SETTINGS
 
@@ -48,14 +48,7 @@ def load_ops(log_dir: str) -> tuple[list[tuple[float, float, int, str]], list[tu
     """(start ms, duration ms, lane, node) of every op event of the newest trace under `log_dir`, and the
     (start, end) ms of every one-step function call on the Python thread (`_step`; a `_lean_steps` call runs
     several steps in a loop)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415 (imports TensorFlow)
-
-    paths = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb")))
-    if not paths:
-        raise FileNotFoundError(f"no *.xplane.pb under {log_dir}/plugins/profile/")
-    space = xplane_pb2.XSpace()
-    with open(paths[-1], "rb") as f:
-        space.ParseFromString(f.read())
+    space = profile_summary.newest_xspace(log_dir)
     plane = next(p for p in space.planes if p.name == "/host:CPU")
     ops, steps = [], []
     for line in plane.lines:

@@ -17,9 +17,9 @@ import os
 _SKIP = ("ThreadpoolListener",)  # bookkeeping events around every threadpool task
 
 
-def load_host_events(log_dir: str) -> list[tuple[str, str, float]]:
-    """(thread kind, event name, milliseconds) of every host event of the newest trace under `log_dir`."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+def newest_xspace(log_dir: str):
+    """The newest profiler trace under `log_dir` (TensorBoard's plugins/profile/*/*.xplane.pb), parsed."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415 (imports TensorFlow)
 
     paths = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb")))
     if not paths:
@@ -27,6 +27,12 @@ def load_host_events(log_dir: str) -> list[tuple[str, str, float]]:
     space = xplane_pb2.XSpace()
     with open(paths[-1], "rb") as f:
         space.ParseFromString(f.read())
+    return space
+
+
+def load_host_events(log_dir: str) -> list[tuple[str, str, float]]:
+    """(thread kind, event name, milliseconds) of every host event of the newest trace under `log_dir`."""
+    space = newest_xspace(log_dir)
     events = []
     for plane in space.planes:
         if plane.name != "/host:CPU":
