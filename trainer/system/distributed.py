@@ -6,7 +6,7 @@ Every task of the job runs `python -m trainer` with the same flags. Task 0, the 
 `tf.distribute.Server` (`serve`) until the chief tells it the run's exit code, which it exits with too: 0 when
 training finished, 75 when it stopped to be resumed. The chief tells every worker with a TensorFlow op run on
 that worker's CPU, writing a small status file on the worker's own disk (`status_path`): no shared file
-system is needed. A chief that dies without a word (SIGKILL) is noticed by its port closing: exit code 1.
+system is needed. A chief that dies without a word (SIGKILL) is noticed by its port closing: exit code 75.
 
 Failure is bounded, never a hang: every task watches its peers by one rule (`trainer.system.peers`): a peer
 whose TensorFlow server does not answer for `--peer_timeout_sec` (a cut network, a frozen process), or whose
