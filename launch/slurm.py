@@ -140,7 +140,7 @@ def spec_from_args(args: argparse.Namespace, trainer_args: list[str]) -> sbatch.
     tasks_per_node = args.tasks_per_node
     fewest, most = parse_nodes(str(args.nodes))
     if tasks_per_node < 1:
-        raise sbatch.SpecError(f"--nodes ({args.nodes}) and --tasks_per_node ({tasks_per_node}) must be >= 1")
+        raise sbatch.SpecError(f"--tasks_per_node ({tasks_per_node}) must be >= 1")
     values = _trainer_flags([*trainer_args, f"--model_dir={model_dir}"])
     if args.gpus_per_node is not None and values.device != "cpu" and not values["num_gpus"].present:
         if args.gpus_per_node % tasks_per_node:

@@ -130,7 +130,7 @@ def test_a_killed_chief_ends_its_workers(tmp_path):
     assert job.wait(60)[1:] == [75, 75]  # resumable: the chief's last checkpoint is whole
     assert time.monotonic() - killed < 15  # a closed port ends them in seconds, not --peer_timeout_sec (60)
     chief = re.search(r"workers (\S+),", job.output(0)).group(1)
-    assert f"error: the chief, task 0 ({chief}), is gone: nothing listens at {chief} any more" in job.output(2)
+    assert f"error: the chief (task 0, {chief}) is gone: nothing listens at {chief} any more" in job.output(2)
 
 
 def test_a_worker_frozen_shorter_than_the_peer_timeout_is_ridden_out(tmp_path, reference):

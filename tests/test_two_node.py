@@ -141,7 +141,7 @@ def test_a_longer_outage_ends_every_task_and_the_job_requeues_itself_and_finishe
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
     port = 12000 + (job_id % 2500) * 8
     assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in log
-    assert f"1: error: the chief, task 0 (tfn1:{port}), has not answered for " in log
+    assert f"1: error: the chief (task 0, tfn1:{port}) has not answered for " in log
     assert "=== towerflow: a task was lost: job" in log
     first, second = metrics(model_dir)["attempts"]
     assert first["outcome"].startswith("requeued after a lost task") and second["outcome"] == "finished"

@@ -169,7 +169,9 @@ def after_lost_task(log: AttemptLog, job: SlurmJob, max_requeues: int) -> str:
         return f"the attempt ended as {last.outcome[:80]!r}: nothing to requeue"
     log.current = last
     trained = last.step - last.resumed_from_step
-    decision = requeue_lib.decide(job, max_requeues, log.requeue_history(job.job_id), 1, trained, False)
+    history = log.requeue_history(job.job_id)
+    # steps_left: some (an attempt that finished says "finished"); not a time-limit warning
+    decision = requeue_lib.decide(job, max_requeues, history, 1, trained, signalled_while_training=False)
     ended = last.outcome if last.outcome != RUNNING else _killed(last)
     return _carry_out(log, decision, job, ended, LOST_REQUEUED, "a task was lost")
 

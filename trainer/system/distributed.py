@@ -31,7 +31,6 @@ from trainer.settings.config import RunConfig
 from trainer.system import determinism, devices, peers, runtime
 from trainer.system import stop as stop_lib
 
-PROBE_TIMEOUT_SEC = 2.0
 CONNECTED = "connected"  # a worker's status once the chief has joined it; then the chief's exit code
 
 
@@ -39,7 +38,7 @@ class WorkerLost(RuntimeError):
     """A worker task stopped answering; the message names it."""
 
 
-def reachable(address: str, timeout: float = PROBE_TIMEOUT_SEC) -> bool:
+def reachable(address: str, timeout: float = peers.PROBE_TIMEOUT_SEC) -> bool:
     """Whether a TCP connection to `host:port` opens (a gRPC server listens there)."""
     host, _, port = address.rpartition(":")
     try:
@@ -174,7 +173,7 @@ def _serve_until_the_end(status: str, chief: str, config: RunConfig, stop: stop_
     if not waited:
         log(f"the chief at {chief} never connected within {timeout_sec:.0f} s" if not stop.requested else "stopped")
         return stop_lib.EXIT_RESUMABLE if stop.requested else stop_lib.EXIT_FAILED
-    with peers.PeerWatch({0: chief}, lambda task: f"the chief, task 0 ({chief}),", peer_timeout_sec):
+    with peers.PeerWatch({0: chief}, lambda task: f"the chief (task 0, {chief})", peer_timeout_sec):
         code = _wait_for_exit_code(status)
     log(f"the chief at {chief} ended the run with exit code {code}; exiting with it")
     return code
