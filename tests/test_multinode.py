@@ -32,8 +32,11 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("num_tasks, envs, placement", [(2, tf_config_envs, "cpu"), (4, slurm_envs, "gpu")])
 def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, envs, placement):
-    """K = 4 on 1 x 4 (the reference, variables on the CPU), 2 x 2 and 4 x 1 (variables on the first tower)."""
-    job = Job(tmp_path / "run", envs(num_tasks), 4 // num_tasks, *LAYOUT, f"--parameter_device={placement}")
+    """K = 4 on 1 x 4 (the reference, variables on the CPU), 2 x 2 and 4 x 1 (variables on the first tower).
+    A checkpoint every step: from its fifth save of a process on, TensorFlow's multi-task saver used to warn
+    of retracing at every save."""
+    flags = (*LAYOUT, f"--parameter_device={placement}", "--checkpoint_every_steps=1")
+    job = Job(tmp_path / "run", envs(num_tasks), 4 // num_tasks, *flags)
     assert job.wait() == [0] * num_tasks, job.output(0)[-3000:]
     result = metrics(tmp_path / "run")
     assert result["weights_sha256"] == reference["weights_sha256"]

@@ -12,12 +12,29 @@ directory would not fit either, and falling back to one would hide the mistake.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import tensorflow as tf
 
 from trainer.outputs import checkpoint_files as files
 from trainer.system.files import literal_dir
+
+
+class _MultiTaskSaveRetracing(logging.Filter):
+    """Drops TensorFlow's "N out of the last N calls to <function MultiDeviceSaver.save.<locals>.tf_function_save>
+    triggered tf.function retracing" warning. When the saved state spans several tasks (the workers' input
+    positions), TensorFlow's saver builds a new `tf.function` for every save on purpose (functional_saver.py:
+    "this will cause a function re-trace on each save ... needed to ensure we pick up the latest values of
+    options"), so from the fifth save of a process on the warning fires for every save: noise, not a fault of
+    the run. Every other retracing warning still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("MultiDeviceSaver.save" in message and "triggered tf.function retracing" in message)
+
+
+_RETRACING_FILTER = _MultiTaskSaveRetracing()
 
 
 class CheckpointMismatch(RuntimeError):
@@ -43,6 +60,7 @@ class Checkpointer:
         self.step = step
         self.log = log
         self.checkpoint = tf.train.Checkpoint(step=step, **objects)
+        tf.get_logger().addFilter(_RETRACING_FILTER)  # once per process: adding the same filter again is a no-op
         self.saved_step: int | None = None  # the step of the checkpoint restored or last saved
         self._manager: tf.train.CheckpointManager | None = None
 
