@@ -106,6 +106,10 @@ class _Staleness(Updater):
         pass
 
     @property
+    def steps_finished(self):
+        return 0
+
+    @property
     def latest_loss(self):
         return None
 

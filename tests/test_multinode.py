@@ -199,6 +199,31 @@ def test_workers_leave_with_the_chiefs_failure(tmp_path):
     assert "ended the run with exit code 2; exiting with it" in job.output(1)
 
 
+CPU_CGROUP = "/sys/fs/cgroup/cpu"  # cgroup v1's cpu controller, as on this project's machines and CI
+
+
+@pytest.mark.skipif(not os.access(CPU_CGROUP, os.W_OK), reason=f"needs a writable {CPU_CGROUP} (root, cgroup v1)")
+def test_a_task_with_less_cpu_is_named_slow_on_the_log_lines(tmp_path):
+    """The worker held to 10% of a CPU by a cgroup quota (a node with a busy neighbour): the chief's log lines
+    name task 1 as slow, never task 0, and the run finishes (TensorBoard's step time per task's tower: the
+    layout test above)."""
+    group = os.path.join(CPU_CGROUP, f"towerflow-test-{os.getpid()}")
+    os.makedirs(group)
+    try:
+        with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
+            f.write("10000")  # of the 100 ms period
+        flags = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=300", "--log_every_steps=20")
+        job = Job(tmp_path / "run", tf_config_envs(2), 2, *flags)
+        job.wait_for_step(20)
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(job.procs[1].pid))
+        assert job.wait() == [0, 0], job.output(0)[-3000:]
+    finally:
+        os.rmdir(group)
+    named = re.findall(r"\(task (\d) is slow: [0-9.e-]+ s a step, the other tasks [0-9.e-]+ s\)$", job.output(0), re.M)
+    assert named and set(named) == {"1"}, job.output(0)[-3000:]
+
+
 def test_async_across_two_tasks_reports_staleness(tmp_path):
     job = Job(tmp_path / "run", slurm_envs(2), 1, "--update_mode=async", "--nodeterministic", "--train_steps=60")
     assert job.wait() == [0, 0], job.output(0)[-3000:]

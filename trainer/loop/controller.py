@@ -6,6 +6,7 @@ The loop never computes a gradient; the update mode never logs or checkpoints. T
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -74,6 +75,8 @@ class Loop:
       before_save: called with the step before every save; raises (e.g. `trainer.system.stop.Diverged`) to prevent it.
       extra_scalars: returns more train scalars to log at every log step (e.g. the bad-record count).
       live_progress: draw a live progress line on stdout (`trainer.outputs.progress`); None: when it is a terminal.
+      stall: a `trainer.system.stall.StallWatch` that watches every window of steps (several tasks), or None.
+      num_tasks: the tasks the towers are on: a task slower than the others is named (`progress.straggler`).
 
     The first window of every start is one step long and logged, so the console shows the first step (and
     how long its graph tracing took) at once; train scalars are defined in `trainer.outputs.progress`.
@@ -94,6 +97,8 @@ class Loop:
         before_save=None,
         extra_scalars=None,
         live_progress: bool | None = None,
+        stall=None,
+        num_tasks: int = 1,
     ):
         self.mode = mode
         self.config = config
@@ -114,6 +119,8 @@ class Loop:
         self.start_step: int | None = None
         self.training_since: float | None = None  # time.monotonic() when run() began
         self.interval = progress_lib.LogInterval()  # the steps since the previous log line
+        self.stall = stall
+        self.num_tasks = num_tasks
         self._windows = 0  # windows run since this start
         self.progress = None
         if progress_lib.live_progress() if live_progress is None else live_progress:
@@ -191,7 +198,8 @@ class Loop:
         if self.progress is not None:
             self.progress.window_started(step)
         start = time.perf_counter()
-        result = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
+        with self.stall.window(judged=self._windows > 0) if self.stall else contextlib.nullcontext():
+            result = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
         ran = result.steps
         seconds = time.perf_counter() - start
         self._windows += 1
@@ -203,6 +211,8 @@ class Loop:
             return ran
         # The first window of a start holds warm-up the mode cannot time: no rate from it.
         self.interval.add(n, result.scalars(), seconds, *(rate if self._windows > 1 else (0, 0.0)))
+        if self.progress is not None:
+            self.progress.note = progress_lib.straggler(result.tower_step_sec, self.num_tasks) or ""
         if result.staleness:
             self.interval.staleness.extend(result.staleness)
             self.summaries.staleness(step + n, result.staleness)
@@ -250,6 +260,8 @@ class Loop:
         else:
             eta = (self.config.train_steps - step) * self.examples_per_step / rate
             speed = f"{rate:,.0f} ex/s  eta {progress_lib.format_duration(eta)}"
+            slow = progress_lib.straggler(scalars["tower_step_sec"], self.num_tasks)
+            speed += f"  ({slow})" if slow else ""
         self.interval.reset()
         self._clear_progress()
         self.log(

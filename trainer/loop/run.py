@@ -23,7 +23,7 @@ from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.step import modes, towers
 from trainer.step.staleness import TowerFailed
-from trainer.system import distributed, peers
+from trainer.system import distributed, peers, stall
 from trainer.system import stop as stop_lib
 
 
@@ -71,20 +71,26 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
 
 def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
     """One attempt: build, resume, train, evaluate, export, write metrics.json; with several tasks, a watch
-    of the workers ends the process (75) when one is lost."""
+    of the workers ends the process (75) when one is lost, and one of the steps when they stop finishing."""
     _raise_if_stopped(stop, "before the model was built")
-    watch = contextlib.nullcontext()
-    if cluster is not None and cluster.num_tasks > 1:
-        workers = dict(enumerate(cluster.workers))
-        del workers[0]
-        describe = functools.partial(distributed.describe_task, cluster)
-        lost = lambda message: attempts.end(f"{attempts_lib.LOST}: {message}")  # noqa: E731
-        watch = peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost)
-    with watch:
-        return _build_and_train(config, stop, attempts, job)
+    if cluster is None or cluster.num_tasks == 1:
+        return _build_and_train(config, stop, attempts, job, stall_watch=None)
+    workers = dict(enumerate(cluster.workers))
+    del workers[0]
+    describe = functools.partial(distributed.describe_task, cluster)
+    lost = lambda message: attempts.end(f"{attempts_lib.LOST}: {message}")  # noqa: E731
+    with peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost):
+        tasks = ", ".join(f"task {task} {address}" for task, address in enumerate(cluster.workers))
+        stall_watch = functools.partial(
+            stall.StallWatch,
+            timeout_sec=config.cluster.peer_timeout_sec,
+            what=f"one of the tasks ({tasks})",
+            on_lost=lost,
+        )
+        return _build_and_train(config, stop, attempts, job, stall_watch)
 
 
-def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job) -> dict:
+def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, stall_watch) -> dict:
     started = time.monotonic()
     state = build(config)
     _raise_if_stopped(stop, "before training started")
@@ -106,7 +112,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     if dropped:
         log_line(f"TensorBoard: dropped {dropped} events written after step {attempt.resumed_from_step}")
     with stop_lib.out_of_space(f"writing to {config.loop.model_dir} (TensorBoard events)", lambda: _kept(state)):
-        results = _run_loop(config, state, attempts, stop)
+        results = _run_loop(config, state, attempts, stop, stall_watch)
     with stop_lib.out_of_space(f"exporting to {config.loop.model_dir}", lambda: _kept(state)):
         export_dir = _export(config, state, results["global_step"])
         attempts.end("finished")
@@ -142,8 +148,9 @@ def _raise_if_stopped(stop: stop_lib.StopRequest, when: str) -> None:
         raise stop_lib.StopRequested(message, stop.signum, None, signalled_while_training=False)
 
 
-def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop: stop_lib.StopRequest) -> dict:
-    """Runs the loop, recording the attempt's progress at every checkpoint."""
+def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop: stop_lib.StopRequest, stall_watch):
+    """Runs the loop, recording the attempt's progress at every checkpoint; `stall_watch` (several tasks)
+    makes the `trainer.system.stall.StallWatch` of the mode's finished steps."""
     placement = state.placement
     summaries = Summaries(config.loop.model_dir, [placement.tower_tag(i) for i in range(len(placement.towers))])
     summaries.hparams(config)
@@ -165,9 +172,12 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         on_checkpoint=on_checkpoint,
         before_save=lambda step: _require_finite(state.model, step, "saving a checkpoint"),
         extra_scalars=lambda: {"bad_records": state.bad_records.count} if state.bad_records else {},
+        stall=stall_watch(lambda: state.mode.steps_finished) if stall_watch else None,
+        num_tasks=placement.num_tasks,
     )
     try:
-        return loop.run()
+        with loop.stall or contextlib.nullcontext():
+            return loop.run()
     except (tf.errors.OpError, TowerFailed) as e:  # what `next(iterator)` in a step raised for bad data
         explained = state.bad_records and state.bad_records.explain(e, training=True, log=log_line)
         if explained is None:

@@ -12,7 +12,8 @@ two log lines and each logged value is over exactly those steps:
 - async `staleness_mean`, `staleness_max`: over every update of the steps;
 - `tower_step_sec/<tower>`: each tower's time on its micro-batches of one step, averaged over the windows
   (sync mode times the last step of each window, as timing every step costs a host callback per tower;
-  async times every update).
+  async times every update). With several tasks, a task whose slowest tower takes `STRAGGLER_RATIO` times
+  the others' (their median) is named on the log line and the live line (`straggler`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,24 @@ class LogInterval:
         self.__init__()
 
 
+STRAGGLER_RATIO = 1.5
+
+
+def straggler(tower_sec: list[float], num_tasks: int) -> str | None:
+    """Names the task whose step takes `STRAGGLER_RATIO` times the other tasks' or more (a task's time: its
+    slowest tower's; the others': their median), from one time per tower (task-major); None when none is."""
+    if num_tasks < 2 or len(tower_sec) < num_tasks:
+        return None
+    per_task = len(tower_sec) // num_tasks
+    task_sec = [max(tower_sec[t * per_task : (t + 1) * per_task]) for t in range(num_tasks)]
+    slowest = max(range(num_tasks), key=task_sec.__getitem__)
+    others = sorted(sec for task, sec in enumerate(task_sec) if task != slowest)
+    typical = others[len(others) // 2]
+    if typical <= 0 or task_sec[slowest] < STRAGGLER_RATIO * typical:
+        return None
+    return f"task {slowest} is slow: {task_sec[slowest]:.3g} s a step, the other tasks {typical:.3g} s"
+
+
 class ProgressLine:
     """A live line on a terminal (step, loss, examples/s, ETA), redrawn at most once a second.
 
@@ -95,6 +114,7 @@ class ProgressLine:
         self.global_step = global_step
         self.latest_loss = latest_loss
         self.shown = False
+        self.note = ""  # shown at the end of the line (a slow task)
         self._base = (0, time.monotonic())
         self._next_draw = 0.0
 
@@ -117,7 +137,7 @@ class ProgressLine:
         eta = format_duration((self.total_steps - step) / rate)
         self.stream.write(
             f"\r\033[Kstep {step:>7d}/{self.total_steps}{loss_text}  "
-            f"{rate * self.examples_per_step:,.0f} ex/s  eta {eta}"
+            f"{rate * self.examples_per_step:,.0f} ex/s  eta {eta}{'  ' + self.note if self.note else ''}"
         )
         self.stream.flush()
         self.shown = True

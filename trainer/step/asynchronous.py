@@ -102,6 +102,10 @@ class AsyncUpdate(Updater):
         )
 
     @property
+    def steps_finished(self) -> int:
+        return self.gate.finished
+
+    @property
     def latest_loss(self) -> float | None:
         return self._latest_loss
 

@@ -40,6 +40,7 @@ class Gate:
         self._unfinished = 0  # started, or allowed to start, but not yet finished, in this window
         self._in_flight = collections.deque()  # tickets of started, unapplied updates, in start order
         self._next_ticket = 0
+        self.finished = 0  # updates applied since the start (read by the stall watch, any thread)
         self._stopping = False
         self._error: BaseException | None = None
         self._should_stop = lambda: False  # the window's stop request: no update starts once it is true
@@ -96,6 +97,7 @@ class Gate:
         with self._cond:
             self._in_flight.remove(ticket)
             self._unfinished -= 1
+            self.finished += 1
             self._cond.notify_all()
 
     def fail(self, tower: int, error: BaseException) -> None:

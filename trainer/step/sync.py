@@ -85,6 +85,7 @@ class SyncUpdate(Updater):
             self._interrupted = tf.Variable(False, trainable=False, name="interrupted")
         self._latest_loss = None  # the last step's loss (a tensor): read on the host only when asked
         self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
+        self._finished = 0  # steps finished by this process (`steps_finished`)
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true or `interrupt()` is called.
@@ -108,6 +109,7 @@ class SyncUpdate(Updater):
         metrics = self._timed(self._step_fn, 1, traced, report=True, want_gradients=want_gradients)
         self._raise_if_diverged(metrics["finite"], metrics["step"], metrics["bad_micro_batch"])
         self._latest_loss = metrics["loss"]
+        self._finished += 1
         steps = done + 1
         return StepResult(
             steps,
@@ -119,6 +121,10 @@ class SyncUpdate(Updater):
             tower_step_sec=_host(metrics["tower_step_sec"]),
             gradients=metrics.get("gradients"),
         )
+
+    @property
+    def steps_finished(self) -> int:
+        return self._finished
 
     @property
     def latest_loss(self) -> float | None:
@@ -142,6 +148,7 @@ class SyncUpdate(Updater):
         out = self._timed(self._lean_fn, num_steps, traced, tf.constant(num_steps, tf.int32), totals)
         ran, finite, totals, last_loss, step, bad = out
         ran = int(ran)
+        self._finished += ran
         if traced["traced_steps"] == traced_before:
             self._calls.ran(ran, time.perf_counter() - start)
         self._step_number += ran - num_steps  # fewer than asked: interrupted or not finite

@@ -68,6 +68,12 @@ class Updater(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def steps_finished(self) -> int:
+        """Updates this process has finished since it started: a host counter, cheap to read from any thread
+        (the chief's stall watch, `trainer.system.stall`, reads it to tell progress from a hang)."""
+
+    @property
+    @abc.abstractmethod
     def latest_loss(self) -> float | None:
         """The loss of the latest update, None before the first; read by the live progress line (once a second)."""
 

@@ -112,11 +112,17 @@ class PeerWatch:
                     )
 
     def _lose(self, what: str) -> None:
-        message = f"{what}; ending this attempt with {stop_lib.EXIT_RESUMABLE} (the last checkpoint is kept)"
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        try:
-            self.on_lost(message)
-        except Exception as e:  # noqa: BLE001 - the exit must happen whatever the record does
-            print(f"warning: could not record the loss: {e}", file=sys.stderr, flush=True)
-        finally:
-            os._exit(stop_lib.EXIT_RESUMABLE)
+        end_attempt(what, self.on_lost)
+
+
+def end_attempt(what: str, on_lost) -> None:
+    """Ends the process with 75 (resumable) at once, whatever its threads are doing: prints `what` as the error,
+    then calls `on_lost(message)` (to record the attempt's end; its errors are ignored)."""
+    message = f"{what}; ending this attempt with {stop_lib.EXIT_RESUMABLE} (the last checkpoint is kept)"
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    try:
+        on_lost(message)
+    except Exception as e:  # noqa: BLE001 - the exit must happen whatever the record does
+        print(f"warning: could not record the loss: {e}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(stop_lib.EXIT_RESUMABLE)
