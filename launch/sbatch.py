@@ -162,7 +162,10 @@ def _sbatch_options(spec: JobSpec) -> list[str]:
         "--open-mode=append",
         "--requeue",
         f"--nodes={spec.nodes_option}",
-        f"--ntasks-per-node={spec.tasks_per_node}",
+        # One task per node is Slurm's default. Said explicitly, it fixes the job's task count at MIN x 1 when
+        # it is submitted, and Slurm 22.05 then starts a MIN-MAX job on MIN nodes with MAX idle (measured on
+        # the two-node test Slurm); unsaid, the job gets as many idle nodes as the range allows.
+        *([f"--ntasks-per-node={spec.tasks_per_node}"] if spec.tasks_per_node > 1 else []),
         # one task: the batch task is the trainer (B:); several: every step task, so the chief (see the top)
         f"--signal={'B:' if spec.num_tasks == 1 else ''}{WARNING_SIGNAL}@{warning}",
     ]

@@ -113,6 +113,22 @@ class Job:
         raise AssertionError(f"no step {step} in {timeout} s:\n{self.output(0)[-3000:]}")
 
 
+def slurm_task_pid(job_id: int, task: int) -> int:
+    """The pid of trainer task `task` of Slurm job `job_id` on this machine, found by its environment."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        ours = environ.get(b"SLURM_JOB_ID") == str(job_id).encode() and b"-m\0trainer\0" in command
+        if ours and environ.get(b"SLURM_PROCID") == str(task).encode():
+            return int(pid)
+    raise AssertionError(f"no task {task} of job {job_id}")
+
+
 def metrics(model_dir) -> dict:
     with open(os.path.join(str(model_dir), "metrics.json")) as f:
         return json.load(f)

@@ -6,7 +6,6 @@ tasks (srun, one chief and one worker on the one node) train the weights of one 
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -294,37 +293,3 @@ def test_two_tasks_requeued_mid_run_resume_bitwise(capsys, slurm_env, tmp_path, 
     attempts = metrics["attempts"]
     assert [a["outcome"] for a in attempts] == [f"stopped by signal 15 at step {stopped}", "finished"]
     assert attempts[1]["resumed_from_step"] == stopped < LONG_STEPS
-
-
-def _task_pid(job_id: int, task: int) -> int:
-    """The pid of trainer task `task` of Slurm job `job_id`, found by its environment."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
-            continue
-        ours = environ.get(b"SLURM_JOB_ID") == str(job_id).encode() and b"-m\0trainer\0" in command
-        if ours and environ.get(b"SLURM_PROCID") == str(task).encode():
-            return int(pid)
-    raise AssertionError(f"no task {task} of job {job_id}")
-
-
-def test_a_killed_worker_requeues_the_job_and_it_resumes_bitwise(capsys, slurm_env, tmp_path, long_reference_sha256):
-    """A worker SIGKILLed mid-run (an out-of-memory kill, a crash): the step ends, the batch shell finds the
-    task lost in attempts.json and requeues the job, which resumes from the last checkpoint to the weights of
-    an uninterrupted one-process run."""
-    model_dir = tmp_path / "lost"
-    job_id = _submit_tasks(capsys, model_dir, LONG_STEPS, "--max_requeues=0")  # progress: never capped
-    _wait_for_log(model_dir, job_id, r"step +(6\d\d|[7-9]\d\d)/")  # past the checkpoint of step 500
-    os.kill(_task_pid(job_id, 1), signal.SIGKILL)
-    info = slurm_env.wait_for_state(job_id, DONE, timeout_sec=400)
-    log = _log(model_dir, job_id)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
-    assert f"=== towerflow: a task was lost: job {job_id} requeued (requeue 1, after 500 steps)" in log
-    metrics = _assert_two_towers_on_two_tasks(model_dir, LONG_STEPS, long_reference_sha256)
-    first, second = metrics["attempts"]
-    assert first["outcome"].startswith("requeued after a lost task (requeue 1, after 500 steps); ")
-    assert (first["step"], second["resumed_from_step"], second["outcome"]) == (500, 500, "finished")

@@ -54,7 +54,6 @@ def test_cpu_job_asks_for_no_gpu_and_execs_the_trainer(capsys, tmp_path):
         "--open-mode=append",
         "--requeue",
         "--nodes=1",
-        "--ntasks-per-node=1",
         "--signal=B:USR1@60",
         "--cpus-per-task=2",
         "--time=00:02:00",
@@ -82,7 +81,6 @@ def test_two_nodes_srun_one_trainer_per_node_and_warn_every_task(capsys, tmp_pat
         "--open-mode=append",
         "--requeue",
         "--nodes=2",
-        "--ntasks-per-node=1",
         "--signal=USR1@300",  # no B:: every step task (the chief) gets it, not only the batch shell (srun)
         "--gres=gpu:4",
         "--cpus-per-task=8",

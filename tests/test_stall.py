@@ -26,7 +26,7 @@ class Steps:
         self._frozen.set()
 
 
-def watch(steps, timeout_sec):
+def watch(steps, timeout_sec, silent=list):
     """A StallWatch whose end records the message and the time instead of exiting the process."""
     ended = []
 
@@ -35,13 +35,8 @@ def watch(steps, timeout_sec):
         ended.append((time.monotonic(), message))
 
     recorded = []
-    return (
-        StallWatch(
-            lambda: steps.count, timeout_sec, "one of the tasks (task 0 a:1, task 1 b:1)", recorded.append, end, 0.05
-        ),
-        ended,
-        recorded,
-    )
+    what = "one of the tasks (task 0 a:1, task 1 b:1)"
+    return StallWatch(lambda: steps.count, timeout_sec, what, recorded.append, silent, end, 0.05), ended, recorded
 
 
 def test_steps_that_stop_finishing_end_the_attempt_after_the_timeout_naming_the_tasks():
@@ -90,6 +85,21 @@ def test_nothing_is_judged_between_windows():
         steps.freeze()
         time.sleep(0.8)
     assert not ended
+
+
+def test_a_stall_while_a_peer_is_silent_is_left_to_the_peer_watch_which_names_it():
+    """A frozen worker stalls the steps and stops answering: the peer watch ends the attempt naming it; the
+    stall watch must not end it first blaming every task."""
+    steps, silent = Steps(every=0.02), [1]
+    stall, ended, _ = watch(steps, timeout_sec=0.3, silent=lambda: silent)
+    with stall, stall.window():
+        time.sleep(0.2)
+        steps.freeze()
+        time.sleep(0.8)
+        assert not ended
+        silent.clear()  # it answers again, and still no step finishes: a device is stuck
+        time.sleep(0.3)
+    assert len(ended) == 1
 
 
 @pytest.mark.parametrize(

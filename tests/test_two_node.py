@@ -5,6 +5,7 @@ its node, the tasks finding each other by node name, and it trains the weights o
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -12,8 +13,9 @@ import time
 
 import pytest
 
+from launch import slurm_daemons
 from launch import two_node_slurm as two_node_lib
-from tests._cluster_helpers import BASE_FLAGS, ROOT, Job, metrics
+from tests._cluster_helpers import BASE_FLAGS, ROOT, Job, metrics, slurm_task_pid
 
 pytestmark = pytest.mark.twonode
 
@@ -32,9 +34,9 @@ def one_process_sha256(tmp_path_factory):
     return metrics(model_dir)["weights_sha256"]
 
 
-def _submit(slurm, model_dir, layout=LAYOUT) -> int:
+def _submit(slurm, model_dir, layout=LAYOUT, nodes="2") -> int:
     """`python -m launch.slurm --nodes=2 ...` in a shell of the two-node Slurm (its SLURM_CONF); the job id."""
-    launcher = [f"--model_dir={model_dir}", "--nodes=2", "--cpus_per_task=1", "--time=5"]
+    launcher = [f"--model_dir={model_dir}", f"--nodes={nodes}", "--cpus_per_task=1", "--time=5"]
     command = [sys.executable, "-m", "launch.slurm", *launcher, "--", *BASE_FLAGS, "--num_gpus=2", *layout]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "TF_CONFIG"}
     env.update(slurm.env, TF_CPP_MIN_LOG_LEVEL="2")
@@ -145,4 +147,80 @@ def test_a_longer_outage_ends_every_task_and_the_job_requeues_itself_and_finishe
     assert "=== towerflow: a task was lost: job" in log
     first, second = metrics(model_dir)["attempts"]
     assert first["outcome"].startswith("requeued after a lost task") and second["outcome"] == "finished"
+    assert metrics(model_dir)["weights_sha256"] == long_sha256
+
+
+def _wait_for_step_of_restart(model_dir, job_id: int, restart: int, step: int, timeout_sec: float = 240) -> None:
+    """Until restart `restart` of the job (0: its first start) has logged training step `step` or later."""
+    deadline = time.monotonic() + timeout_sec
+    while True:
+        parts = _log_of(model_dir, job_id).split(f"=== towerflow: job {job_id} restart {restart} on ")
+        steps = [int(s) for s in re.findall(r"^0: step +(\d+)/", parts[-1], re.MULTILINE)] if len(parts) > 1 else []
+        if steps and max(steps) >= step:
+            return
+        assert time.monotonic() < deadline, _log_of(model_dir, job_id)[-3000:]
+        time.sleep(0.2)
+
+
+def test_a_killed_worker_a_frozen_worker_and_a_killed_chief_each_requeue_the_job_which_finishes_bitwise(
+    two_node_slurm, tmp_path, long_sha256
+):
+    """One job meets three faults, one per attempt: tfn2's task SIGKILLed, then SIGSTOPped for good, then the
+    chief (on tfn1) SIGKILLed. Each ends every task and the attempt within --peer_timeout_sec (8) plus a
+    margin, the job requeues itself, and the fourth attempt finishes with the weights of one process. Three
+    requeues with --max_requeues=1: each attempt checkpointed new steps, so none is capped."""
+    model_dir = tmp_path / "faults"
+    flags = (*LONG_LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=250", "--max_requeues=1")
+    job_id = _submit(two_node_slurm, model_dir, flags)
+    faults = [(1, signal.SIGKILL), (1, signal.SIGSTOP), (0, signal.SIGKILL)]
+    for restart, (task, fault) in enumerate(faults):
+        _wait_for_step_of_restart(model_dir, job_id, restart, 300 * (restart + 1))
+        os.kill(slurm_task_pid(job_id, task), fault)
+        faulted = time.monotonic()
+        _wait_for_step_of_restart(model_dir, job_id, restart + 1, 1)
+        ended = re.findall(r"=== towerflow: a task was lost: job \d+ requeued", _log_of(model_dir, job_id))
+        assert len(ended) == restart + 1
+        # the timeout, probes, srun's kill, the 6 s requeue hold and a start on 2 loaded cores
+        assert time.monotonic() - faulted < 8 + 60, _log_of(model_dir, job_id)[-3000:]
+    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=300)
+    log = _log_of(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "3"), log[-3000:]
+    port = 12000 + (job_id % 2500) * 8
+    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in log  # the frozen worker
+    result = metrics(model_dir)
+    outcomes = [a["outcome"] for a in result["attempts"]]
+    assert all(o.startswith("requeued after a lost task (requeue") for o in outcomes[:3]) and outcomes[3] == "finished"
+    assert "killed or lost (no end recorded" in outcomes[2]  # the chief killed: recorded by the batch shell
+    resumed = [a["resumed_from_step"] for a in result["attempts"]]
+    assert resumed == sorted(resumed) and len(set(resumed)) == 4  # every attempt made progress
+    assert result["weights_sha256"] == long_sha256
+
+
+def test_under_slurms_default_requeue_hold_a_lost_node_resumes_on_the_one_node_left_bitwise(
+    two_node_slurm, tmp_path, long_sha256
+):
+    """Slurm's own requeue hold (a requeued job waits ~2 minutes), `--nodes=1-2`: the job starts on both
+    nodes; its worker is SIGKILLed and tfn2 drained (a node gone bad). The job requeues itself, waits out the
+    hold, starts on tfn1 alone, resumes with one task of the same K micro-batches and finishes with the
+    weights of one process."""
+    slurm = two_node_lib.up(cred_expire_sec=None)
+    try:
+        model_dir = tmp_path / "drained"
+        job_id = _submit(slurm, model_dir, (*LONG_LAYOUT, "--checkpoint_every_steps=250"), nodes="1-2")
+        _wait_for_step_of_restart(model_dir, job_id, 0, 300)
+        slurm_daemons.run(["scontrol", "update", "NodeName=tfn2", "State=DRAIN", "Reason=towerflow-test"], slurm.env)
+        os.kill(slurm_task_pid(job_id, 1), signal.SIGKILL)
+        lost = time.monotonic()
+        _wait_for_step_of_restart(model_dir, job_id, 1, 1, timeout_sec=400)
+        assert time.monotonic() - lost >= 120  # Slurm's hold, not a shortened one
+        info = slurm.wait_for_state(job_id, DONE, timeout_sec=300)
+    finally:
+        slurm_daemons.run(["scontrol", "update", "NodeName=tfn2", "State=RESUME"], slurm.env)
+        two_node_lib.up()  # the short hold again, for the other tests
+    log = _log_of(model_dir, job_id)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"], info["NodeList"]) == ("COMPLETED", "0:0", "1", "tfn1")
+    first, second = metrics(model_dir)["attempts"]
+    assert first["outcome"].startswith("requeued after a lost task (requeue 1, after ") and first["step"] >= 250
+    assert second["resumed_from_step"] == first["step"] and second["outcome"] == "finished"
+    assert metrics(model_dir)["num_tasks"] == 1, log[-3000:]
     assert metrics(model_dir)["weights_sha256"] == long_sha256

@@ -79,13 +79,14 @@ def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, j
     del workers[0]
     describe = functools.partial(distributed.describe_task, cluster)
     lost = lambda message: attempts.end(f"{attempts_lib.LOST}: {message}")  # noqa: E731
-    with peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost):
+    with peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost) as watch:
         tasks = ", ".join(f"task {task} {address}" for task, address in enumerate(cluster.workers))
         stall_watch = functools.partial(
             stall.StallWatch,
             timeout_sec=config.cluster.peer_timeout_sec,
             what=f"one of the tasks ({tasks})",
             on_lost=lost,
+            silent=watch.silent,
         )
         return _build_and_train(config, stop, attempts, job, stall_watch)
 

@@ -83,7 +83,8 @@ def tell_workers(cluster: Cluster, status) -> None:
                 tf.io.write_file(path, str(status))
                 tf.io.read_file(path).numpy()  # remote ops run asynchronously: wait until the file is written
         except tf.errors.OpError as e:
-            print(f"warning: could not tell {describe_task(cluster, task)} the run's status: {e}", file=sys.stderr)
+            who = describe_task(cluster, task)
+            print(f"warning: could not tell {who} the run's status: {cause(e)}", file=sys.stderr)
 
 
 def _wait_for(addresses, timeout_sec: float) -> list[str]:

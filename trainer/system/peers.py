@@ -81,6 +81,7 @@ class PeerWatch:
         self.on_lost = on_lost or (lambda message: None)
         self.every = every
         self._stopped = threading.Event()
+        self._answered = dict.fromkeys(peers, time.monotonic())  # when each peer last answered
         self._thread = threading.Thread(target=self._run, name="towerflow-peer-watch", daemon=True)
 
     def __enter__(self):
@@ -90,8 +91,13 @@ class PeerWatch:
     def __exit__(self, *exc) -> None:
         self._stopped.set()
 
+    def silent(self) -> list[int]:
+        """The peers that missed their latest probe (any thread): this watch is timing them."""
+        now, missed = time.monotonic(), self.every + PROBE_TIMEOUT_SEC + 1.0
+        return [task for task, when in self._answered.items() if now - when > missed]
+
     def _run(self) -> None:
-        answered = {task: time.monotonic() for task in self.peers}
+        answered = self._answered
         refused = dict.fromkeys(self.peers, 0)
         while not self._stopped.wait(self.every):
             for task, address in self.peers.items():

@@ -34,11 +34,15 @@ class StallWatch:
       timeout_sec: the shortest stall that ends the attempt (--peer_timeout_sec).
       what: names what is stuck in the message, e.g. "worker tasks 1 and 2 (node2:12000, ...)".
       on_lost: called with the message before the exit (to record the attempt's end).
+      silent: returns the peers not answering now (`peers.PeerWatch.silent`): a stall then waits for that
+        watch, which names the silent peer, instead of blaming every task.
       end: ends the process with the message (`peers.end_attempt`; tests pass another).
     """
 
-    def __init__(self, finished, timeout_sec: float, what: str, on_lost=None, end=peers.end_attempt, every=None):
-        self.finished, self.timeout_sec, self.what = finished, timeout_sec, what
+    def __init__(
+        self, finished, timeout_sec: float, what: str, on_lost=None, silent=list, end=peers.end_attempt, every=None
+    ):
+        self.finished, self.timeout_sec, self.what, self.silent = finished, timeout_sec, what, silent
         self.on_lost = on_lost or (lambda message: None)
         self.end = end
         self.every = SAMPLE_EVERY_SEC if every is None else every
@@ -75,7 +79,7 @@ class StallWatch:
         while not self._stopped.wait(self.every):
             with self._lock:
                 stalled = self._sample(time.monotonic())
-            if stalled is not None:
+            if stalled is not None and not self.silent():
                 self.end(self._message(stalled), self.on_lost)
                 return
 
