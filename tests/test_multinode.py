@@ -154,6 +154,7 @@ def test_a_worker_frozen_for_good_ends_every_task_with_75_naming_it_and_a_rerun_
     job.wait_for_step(4)
     job.procs[1].send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
+    job.procs[0].send_signal(signal.SIGTERM)  # the step in progress never ends: acted on within the timeout
     assert job.procs[0].wait(timeout=60) == 75, job.output(0)[-3000:]
     assert time.monotonic() - frozen < 6 + 8  # the timeout, a probe's 2 s, and slack for a loaded machine
     assert f"error: worker task 1 ({worker}) has not answered for " in job.output(0)
