@@ -76,16 +76,16 @@ def test_max_staleness_bounds_every_update(make_config):
 
 def test_a_failing_tower_ends_the_run_with_its_number(make_config):
     trainer = build(_async(make_config, num_towers=2))
-    healthy = trainer.mode._compute_fns[1]
+    healthy = trainer.mode._tower_calls[1]
     calls = []
 
-    def broken():
+    def broken(tickets):
         calls.append(1)
         if len(calls) == 3:
             raise tf.errors.InvalidArgumentError(None, None, "corrupt record")
-        return healthy()
+        return healthy(tickets)
 
-    trainer.mode._compute_fns[1] = broken
+    trainer.mode._tower_calls[1] = broken
     try:
         with pytest.raises(TowerFailed, match=r"tower 1 failed: InvalidArgumentError: corrupt record"):
             trainer.mode.train_steps(1000)
