@@ -180,7 +180,7 @@ class AsyncUpdate(Updater):
         self.gate.wait_turn(tickets[0])
         m = self._apply_fn(loss, grads, non_trainable, read_step)
         records = [tf.reshape(v, [1]) for v in (m["step"], loss, correct, m["staleness"], m["grad_norm"])]
-        return {"count": 1, "finite": m["finite"], "records": records, **{k: m[k] for k in ("learning_rate", "gradients")}}
+        return {"count": 1, "records": records, **{k: m[k] for k in ("finite", "learning_rate", "gradients")}}
 
     def _land(self, tower: int, out: dict, seconds: float) -> int:
         """Reads a call's results on the host (once per call) and keeps its records; returns how many updates
