@@ -47,6 +47,7 @@ def test_only_accepts_figure_names_and_groups():
     assert [f.name for f in figures.select(all_figures, ["async_vs_sync"], size)] == [
         "async2_vs_sync2",
         "async4_vs_sync4",
+        "async2_vs_sync2_slow_tower",
     ]
     with pytest.raises(ValueError, match="unknown figure"):
         figures.select(all_figures, ["tower3_vs_plain"], size)
