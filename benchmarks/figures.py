@@ -9,6 +9,7 @@ from benchmarks.plan import Figure, Setting, Side, Size
 from trainer.settings.preprocess import resolve_augment
 
 TOWERFLOW = Side("towerflow")
+SLOW_FACTOR = 3.0  # async2_vs_sync2_slow_tower: tower 1 takes 3x as long as tower 0 (benchmarks/slow_tower.py)
 # Shown for `--only` and in the table; the figure names are the API of this package (JSON keys, tests).
 NAMES = (
     "tower1_vs_plain",
@@ -20,6 +21,7 @@ NAMES = (
     "live_progress_vs_none",
     "async2_vs_sync2",
     "async4_vs_sync4",
+    "async2_vs_sync2_slow_tower",
     "xla_vs_default",
     "bf16_vs_fp32",
     "fp16_vs_fp32",
@@ -91,11 +93,22 @@ def figures(setting: Setting, size: Size) -> list[Figure]:
                 setting,
                 Side("towerflow", n, update_mode="async"),
                 Side("towerflow", n),
+                target=0.95,
                 requires="async",
                 group="async_vs_sync",
             )
             for n in (2, 4)
         ],
+        # What async is for: unequal towers. Sync waits for the slowest tower every step; async does not.
+        Figure(
+            "async2_vs_sync2_slow_tower",
+            setting,
+            Side("towerflow", 2, update_mode="async", slow_factor=SLOW_FACTOR),
+            Side("towerflow", 2, slow_factor=SLOW_FACTOR),
+            target=1.3,
+            requires="async",
+            group="async_vs_sync",
+        ),
         Figure("xla_vs_default", setting, Side("towerflow", jit_compile=True), TOWERFLOW),
         Figure("bf16_vs_fp32", setting, Side("towerflow", mixed_precision="bf16"), TOWERFLOW),
         Figure("fp16_vs_fp32", setting, Side("towerflow", mixed_precision="fp16"), TOWERFLOW),

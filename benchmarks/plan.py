@@ -77,6 +77,7 @@ class Side:
     histogram_every_steps: int = 0  # >0: every window ends with gradient+weight histograms
     live_progress: bool = False  # redraw the console's live line (trainer.outputs.progress), into /dev/null
     augment: str = "none"  # --augment of a "tfrecord" side (memory sides hold unaugmented batches)
+    slow_factor: float = 0.0  # > 1: the last tower takes this x as long (benchmarks/slow_tower.py)
     # Runtime options (trainer.system.runtime); process-wide, so part of `session_key`. auto / 0: TensorFlow's default.
     onednn: str = "auto"
     inter_op_threads: int = 0
@@ -97,6 +98,7 @@ class Side:
         options += [f"histograms/{self.histogram_every_steps}"] if self.histogram_every_steps else []
         options += ["live progress line"] if self.live_progress else []
         options += [f"--augment={self.augment}"] if self.augment != "none" else []
+        options += [f"tower {self.towers - 1} slowed {self.slow_factor:g}x"] if self.slow_factor > 1 else []
         options += [f"oneDNN {self.onednn}"] if self.onednn != "auto" else []
         options += [f"{self.inter_op_threads} inter-op thread(s)"] if self.inter_op_threads else []
         options += [f"{self.intra_op_threads} intra-op thread(s)"] if self.intra_op_threads else []

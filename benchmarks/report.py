@@ -98,6 +98,11 @@ def legend(records: list[dict]) -> list[str]:
     lines = []
     for record in records:
         line = f"{record['name']} [{record['setting_text']}]: A = {record['a']['label']}; B = {record['b']['label']}"
+        for label in ("a", "b"):
+            side = record[label]
+            if "staleness_mean" in side:
+                mean, most = side["staleness_mean"], side["staleness_max"]
+                line += f"\n    {label.upper()}: staleness mean {mean:.2f}, max {most}"
         if record["status"] == "error":
             line += f"\n    error: {record['error'].strip().splitlines()[-1]}"
         lines.append(line)

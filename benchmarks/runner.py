@@ -99,9 +99,10 @@ def measure(figure: Figure, size: Size, sessions: Sessions, records: dict, profi
             log_dir = os.path.join(profile_dir, figure.key.replace("@", "-"), label)
             session.call("profile", side_id=side_id, steps=steps, log_dir=log_dir)
     record = result(figure, "ok", comparison, steps, time.perf_counter() - started)
-    for label, session in (("a", session_a), ("b", session_b)):
+    for label, session, side_id in (("a", session_a, side_a), ("b", session_b, side_b)):
         # as TensorFlow reports it in that worker: the evidence that a runtime figure compared what it says
         record[label]["runtime"] = session.ready().get("runtime")
+        record[label].update({k: v for k, v in session.call("stats", side_id=side_id).items() if k != "ok"})
     return record
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks import inputs, reference
+from benchmarks import inputs, reference, slow_tower
 from benchmarks.plan import Setting, Side
 from trainer.loop.build import build
 from trainer.outputs.progress import ProgressLine
@@ -56,6 +56,8 @@ class TowerflowSide:
             dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
         self.trainer = build(config, train_dataset=dataset)
         self.mode = self.trainer.mode
+        if side.slow_factor > 1:
+            slow_tower.install(self.mode, side.towers - 1, side.slow_factor)
         per_update = self.mode.examples_per_step
         self.updates_per_step = setting.global_batch_size // per_update
         self.examples_per_update = per_update
@@ -81,6 +83,13 @@ class TowerflowSide:
             step = int(self.mode.global_step.numpy())
             self.summaries.histograms(step, self.histogram_args[0], result.gradients, self.histogram_args[1])
         return time.perf_counter() - start, updates * self.examples_per_update
+
+    def stats(self) -> dict:
+        """Staleness over every update this side ran (async only), as metrics.json reports it."""
+        staleness = self.mode.staleness_all
+        if not staleness:
+            return {}
+        return {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
 
     def _tick(self) -> bool:
         self.progress.tick()

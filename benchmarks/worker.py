@@ -91,6 +91,10 @@ class Server:
             tf.profiler.experimental.stop()
         return {"seconds": seconds, "examples": examples}
 
+    def stats(self, side_id: str) -> dict:
+        """What a side reports beyond its rate: the async mode's staleness over every update it ran."""
+        return getattr(self.sides[side_id], "stats", dict)()
+
     def drop(self, side_id: str) -> dict:
         self.sides.pop(side_id).close()
         return {}
@@ -125,7 +129,7 @@ def applied_runtime(config) -> dict:
 def serve(server: Server, commands, replies) -> None:
     """Answers commands until "exit" or end of input; an exception becomes an error reply."""
     handlers = {"info": server.info, "build": server.build, "window": server.window}
-    handlers.update(profile=server.profile, drop=server.drop)
+    handlers.update(profile=server.profile, stats=server.stats, drop=server.drop)
     for line in commands:
         command = json.loads(line)
         name = command.pop("cmd")

@@ -76,16 +76,16 @@ def test_max_staleness_bounds_every_update(make_config):
 
 def test_a_failing_tower_ends_the_run_with_its_number(make_config):
     trainer = build(_async(make_config, num_towers=2))
-    healthy = trainer.mode._compute_fns[1]
+    healthy = trainer.mode._tower_calls[1]
     calls = []
 
-    def broken():
+    def broken(tickets):
         calls.append(1)
         if len(calls) == 3:
             raise tf.errors.InvalidArgumentError(None, None, "corrupt record")
-        return healthy()
+        return healthy(tickets)
 
-    trainer.mode._compute_fns[1] = broken
+    trainer.mode._tower_calls[1] = broken
     try:
         with pytest.raises(TowerFailed, match=r"tower 1 failed: InvalidArgumentError: corrupt record"):
             trainer.mode.train_steps(1000)
@@ -180,3 +180,21 @@ def test_gate_window_applies_exactly_its_budget():
         t.join()
     assert errors == [[], [], [], []]
     assert sorted(done) == list(range(20)) and len(np.unique(done)) == 20
+
+
+@pytest.mark.quick
+def test_gate_shares_shrink_to_one_and_a_halted_call_ends_the_window():
+    halts = []
+    gate = Gate(halt=lambda: halts.append(1))
+    gate.open_window(40)
+    shares = [len(gate.start_many(limit=9, parts=4)) for _ in range(5)]
+    assert shares == [9, 8, 6, 5, 3]  # at most 9; else ceil(budget / 4) of 40, 31, 23, 17, 12
+    assert len(gate.start_many(limit=100, parts=4)) == 3  # ceil(9 / 4)
+    assert Gate(max_staleness=2).ordered and not gate.ordered
+    last = gate.start_many(limit=100, parts=100)
+    assert last == [34]  # ceil(6 / 100)
+    gate.finish_many(last, 0)  # a call halted before its update: the ticket leaves the window
+    gate.finish_many(list(range(34)), 34)
+    assert gate.finished == 34 and halts == []
+    gate.wait_window(should_stop=lambda: True)  # the 5 never started leave the window, calls in progress halt
+    assert halts == [1] and gate.finished == 34

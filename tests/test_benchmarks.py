@@ -47,9 +47,37 @@ def test_only_accepts_figure_names_and_groups():
     assert [f.name for f in figures.select(all_figures, ["async_vs_sync"], size)] == [
         "async2_vs_sync2",
         "async4_vs_sync4",
+        "async2_vs_sync2_slow_tower",
     ]
     with pytest.raises(ValueError, match="unknown figure"):
         figures.select(all_figures, ["tower3_vs_plain"], size)
+
+
+def test_a_slowed_tower_sleeps_once_per_micro_batch_of_that_tower(make_config, monkeypatch):
+    from benchmarks import slow_tower
+    from trainer.loop.build import build
+
+    trainer = build(make_config(towers={"micro_batches": 4}))  # sync: 2 micro-batches per tower per step
+    slow_tower.install(trainer.mode, 1, 1.5)
+    slept = []
+    monkeypatch.setattr(slow_tower.time, "sleep", slept.append)
+    trainer.mode.train_steps(3)
+    assert len(slept) == 3 * 2 and all(seconds > 0 for seconds in slept)
+
+
+def test_a_slowed_tower_changes_no_bit(make_config):
+    from benchmarks import slow_tower
+    from trainer.loop.build import build
+    from trainer.outputs import report
+
+    def trained(factor: float) -> str:
+        trainer = build(make_config())  # sync, deterministic, 2 towers
+        if factor:
+            slow_tower.install(trainer.mode, 1, factor)
+        trainer.mode.train_steps(4)
+        return report.weights_sha256(trainer.model.variables)
+
+    assert trained(0.0) == trained(1.5)
 
 
 def test_quick_leaves_the_runtime_figures_out_unless_named():

@@ -56,8 +56,8 @@ def test_modes_import_no_tensorflow():
         ),
         (
             {"loop": cfg.LoopConfig(steps_per_call=4)},
-            "--steps_per_call (4) is for --update_mode=sync: async towers apply one update per call each, in "
-            "their own threads. Leave it at 0 with async.",
+            "--steps_per_call (4) is for --update_mode=sync: async towers size their own calls (several updates "
+            "each without --max_staleness, one with it). Leave it at 0 with async.",
         ),
     ],
     ids=["deterministic", "fp16", "steps_per_call"],

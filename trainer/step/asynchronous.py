@@ -2,22 +2,29 @@
 
 A tower reads the current variables from the parameter device, computes the gradient of one micro-batch on
 its device, and applies it at once with the optimizer. No averaging, no barrier between towers. The apply
-(optimizer update, BatchNorm statistics, global step + 1) is one critical section: the update lands whole
-and the step counts it exactly once. Keras's `Variable.assign_add` is a non-atomic read-modify-write that
-loses increments when threads race (see the tests), so the step is a raw `tf.Variable` advanced only inside
-the critical section. Not deterministic: the order of updates depends on thread timing.
+(optimizer update, BatchNorm statistics, global step + 1) is one critical section, a mutex in the graph
+(`trainer.step.async_graph`): the update lands whole and the step counts it exactly once. Keras's
+`Variable.assign_add` is a non-atomic read-modify-write that loses increments when threads race (see the
+tests), so the step is a raw `tf.Variable` advanced only inside the critical section. Not deterministic: the
+order of updates depends on thread timing.
+
+Without a staleness bound a tower runs several updates per `tf.function` call (an in-graph loop, as sync runs
+several steps per call) and reads their results on the host once per call. With `--max_staleness` the gate
+orders every update (`trainer.step.staleness`), so a tower makes one call to compute and one to apply.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import numpy as np
 import tensorflow as tf
 
-from trainer.step import spread
+from trainer.step import async_graph
 from trainer.step import towers as tw
+from trainer.step.calls import MAX_AUTO_STEPS, CallSize
 from trainer.step.staleness import Gate, Stopped, TowerFailed
 from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement
@@ -54,23 +61,33 @@ class AsyncUpdate(Updater):
         self.iterators = list(iterators)
         self.clip_global_norm = clip_global_norm
         self.examples_per_step = int(self.iterators[0].element_spec[1].shape[0])
-        self.gate = Gate(max_staleness)
+        with tf.device(placement.host):  # read by the towers' in-graph loops before every update
+            self.halt = tf.Variable(False, trainable=False, name="async_halt")
+        self.gate = Gate(max_staleness, halt=lambda: self.halt.assign(True))
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
-        self._micro_batch = tw.micro_batch_fn(model, jit_compile)
-        self._compute_fns = [self._make_compute(i) for i in range(len(placement.towers))]
-        self._apply_fn = tf.function(self._apply)
-        self._apply_lock = threading.Lock()
+        self._micro_batch = tw.micro_batch_fn(model, jit_compile)  # called under the tower's device scope
+        self._critical = tf.CriticalSection(name="async_apply")
+        num_towers = len(placement.towers)
+        self._compute_fns = [tf.function(functools.partial(async_graph.compute, self, i)) for i in range(num_towers)]
+        self._apply_fn = tf.function(functools.partial(async_graph.apply, self))
+        self._loop_fns = [tf.function(functools.partial(async_graph.updates, self, i)) for i in range(num_towers)]
+        update = self._ordered_update if self.gate.ordered else self._chained_updates
+        self._tower_calls = [functools.partial(update, i) for i in range(num_towers)]  # (tickets) -> host values
+        self._call_sizes = [CallSize() for _ in range(num_towers)]
+        self._land_lock = threading.Lock()
         self._records: list[tuple] = []  # (step after apply, loss, correct, staleness, grad norm) of the window
         self._tower_sec = [[] for _ in placement.towers]
-        self._last_apply: dict = {}
+        self._last = (-1, None, None)  # (step, learning rate, gradients) of the window's latest update
+        self._keep_gradients = False
         self._staleness_all: list[int] = []
         self._latest_loss: float | None = None  # of the last update, for the live progress line
         self._threads: list[threading.Thread] = []
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
-        """Applies exactly `num_steps` updates over all towers, or fewer when `should_stop()` turns true
-        (then the updates in flight land and no other starts); returns how many were applied and the
-        window's metrics. Tracing is not timed apart (each tower traces in its own thread).
+        """Applies exactly `num_steps` updates over all towers, or fewer when `should_stop()` turns true or
+        `interrupt()` is called (then each tower's update in progress lands and no other starts); returns how
+        many were applied and the window's metrics. Tracing is not timed apart (each tower traces in its own
+        thread).
 
         Raises:
           TowerFailed: a tower raised; names the tower. Every tower is stopped first.
@@ -78,6 +95,7 @@ class AsyncUpdate(Updater):
         if not self._threads:
             self._start_threads()
         self._records, self._tower_sec = [], [[] for _ in self.placement.towers]
+        self._keep_gradients, self._last = want_gradients, (-1, None, None)
         self.gate.open_window(num_steps)
         try:
             self.gate.wait_window(should_stop=should_stop)
@@ -95,10 +113,10 @@ class AsyncUpdate(Updater):
             loss=float(np.mean([r[1] for r in records])),
             accuracy=float(np.sum([r[2] for r in records])) / (num_steps * self.examples_per_step),
             grad_norm=float(np.mean([r[4] for r in records])),
-            learning_rate=float(self._last_apply["learning_rate"]),
+            learning_rate=float(self._last[1]),
             tower_step_sec=[float(np.mean(s)) if s else 0.0 for s in self._tower_sec],
             staleness=staleness,
-            gradients=self._last_apply["gradients"] if want_gradients else None,
+            gradients=self._last[2] if want_gradients else None,
         )
 
     @property
@@ -114,8 +132,9 @@ class AsyncUpdate(Updater):
         return self._staleness_all
 
     def interrupt(self) -> None:
-        """Nothing to do: `train_steps` waits for its window in Python, where a stop signal's handler runs at
-        once, and no update starts once `should_stop()` is true."""
+        """Ends every tower's call after its update in progress (thread-safe; `trainer.system.stop` calls it
+        when a stop signal arrives): no update starts after it, in this window or any later one."""
+        self.halt.assign(True)
 
     def close(self) -> None:
         """Stops and joins the tower threads."""
@@ -131,65 +150,58 @@ class AsyncUpdate(Updater):
             self._threads.append(thread)
 
     def _tower_loop(self, tower: int) -> None:
+        parts = 2 * len(self.placement.towers)  # the window's budget is taken in shrinking shares
         try:
             while True:
-                ticket = self.gate.start()
+                tickets = self.gate.start_many(self._call_sizes[tower].size(0, MAX_AUTO_STEPS), parts)
                 start = time.perf_counter()
-                with tf.profiler.experimental.Trace("train", step_num=ticket, _r=1):  # the profiler's step marker
-                    result, read_step = self._compute_fns[tower]()
-                self._tower_sec[tower].append(time.perf_counter() - start)
-                self.gate.wait_turn(ticket)
-                with self._apply_lock:
-                    applied = self._apply_fn(result.loss, result.grads, _state_updates(result, self._seed_flags))
-                    if not bool(applied["finite"]):
-                        raise Diverged(
-                            f"the loss or gradient of {self.placement.describe_tower(tower)} was not finite at step "
-                            f"{int(applied['step']) + 1}; that update was not applied"
-                        )
-                    self._last_apply = applied
-                    staleness = int(applied["step"]) - int(read_step) - 1
-                    record = (int(applied["step"]), float(result.loss), int(result.correct), staleness)
-                    self._records.append((*record, float(applied["grad_norm"])))
-                    self._latest_loss = record[1]
-                self.gate.finish(ticket)
+                with tf.profiler.experimental.Trace("train", step_num=tickets[-1], _r=1):  # the profiler's step
+                    out = self._tower_calls[tower](tickets)
+                applied = self._land(tower, out, time.perf_counter() - start)
+                self.gate.finish_many(tickets, applied)
         except Stopped:
             return
         except BaseException as e:  # noqa: BLE001 (any tower error must end the run, never hang it)
             self.gate.fail(tower, e)
 
-    def _make_compute(self, tower: int):
-        device = self.placement.towers[tower]
-        iterator = self.iterators[tower]
-        num_towers = len(self.placement.towers)
+    def _chained_updates(self, tower: int, tickets: list[int]) -> dict:
+        """Without a staleness bound: `len(tickets)` updates in one call (fewer when halted)."""
+        function, sizes = self._loop_fns[tower], self._call_sizes[tower]
+        tracing_count, start = function.experimental_get_tracing_count(), time.perf_counter()
+        out = function(tf.constant(len(tickets)), keep_gradients=self._keep_gradients)
+        count = int(out["count"])  # waits for the call
+        if function.experimental_get_tracing_count() == tracing_count:
+            sizes.ran(count, time.perf_counter() - start)
+        return {**out, "count": count}
 
-        @tf.function
-        def compute():
-            with tf.device(iterator.device):  # the CPU of the tower's own task
-                features, labels = iterator.take(iterator.iterator)
-            with tf.device(self.placement.parameter_device):
-                step = self.global_step.read_value()
-                loss_scale = tw.loss_scale(self.optimizer)
-            trainable = spread.read_values(self.model.trainable_variables)
-            non_trainable = spread.read_values(self.model.non_trainable_variables)
-            with tf.device(device):
-                state = tw.micro_batch_seeds(non_trainable, self._seed_flags, step, tower, num_towers)
-                result = self._micro_batch(trainable, state, features, labels, loss_scale)
-            return result.loss, result.correct, result.grads, result.non_trainable, step
+    def _ordered_update(self, tower: int, tickets: list[int]) -> dict:
+        """With a staleness bound: one update, applied in the order the gate gives (its one ticket)."""
+        loss, correct, grads, non_trainable, read_step = self._compute_fns[tower]()
+        self.gate.wait_turn(tickets[0])
+        m = self._apply_fn(loss, grads, non_trainable, read_step)
+        records = [tf.reshape(v, [1]) for v in (m["step"], loss, correct, m["staleness"], m["grad_norm"])]
+        return {"count": 1, "records": records, **{k: m[k] for k in ("finite", "learning_rate", "gradients")}}
 
-        def run():
-            loss, correct, grads, non_trainable, step = compute()
-            return tw.MicroBatchResult(loss, correct, grads, non_trainable), step
+    def _land(self, tower: int, out: dict, seconds: float) -> int:
+        """Reads a call's results on the host (once per call) and keeps its records; returns how many updates
+        it applied.
 
-        return run
-
-    def _apply(self, loss, grads, new_state):
-        with tf.device(self.placement.parameter_device):
-            loss_scale = tw.loss_scale(self.optimizer)
-            return tw.apply_update(
-                self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
+        Raises:
+          Diverged: its last update was not finite (and was not applied).
+        """
+        count = out["count"]
+        records = [r.numpy().tolist() for r in out["records"]]
+        if not bool(out["finite"]):
+            raise Diverged(
+                f"the loss or gradient of {self.placement.describe_tower(tower)} was not finite at step "
+                f"{records[0][count - 1] + 1}; that update was not applied"
             )
-
-
-def _state_updates(result: tw.MicroBatchResult, seed_flags: list[bool]) -> list:
-    """The micro-batch's new non-trainable values, None for seed states (a function of the step)."""
-    return [None if flag else value for value, flag in zip(result.non_trainable, seed_flags, strict=True)]
+        if count == 0:
+            return 0
+        with self._land_lock:
+            self._records.extend(zip(*records, strict=True))
+            self._tower_sec[tower].append(seconds / count)
+            self._latest_loss = records[1][-1]
+            if records[0][-1] > self._last[0]:
+                self._last = (records[0][-1], out["learning_rate"], out.get("gradients"))
+        return count

@@ -103,8 +103,8 @@ class AsyncMode(UpdateMode):
             )
         if config.loop.steps_per_call:
             raise ConfigError(
-                f"--steps_per_call ({config.loop.steps_per_call}) is for --update_mode=sync: async towers apply one "
-                "update per call each, in their own threads. Leave it at 0 with async."
+                f"--steps_per_call ({config.loop.steps_per_call}) is for --update_mode=sync: async towers size their "
+                "own calls (several updates each without --max_staleness, one with it). Leave it at 0 with async."
             )
 
     def stream_towers(self, config: RunConfig, num_towers: int) -> list[int]:
