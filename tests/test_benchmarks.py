@@ -193,7 +193,7 @@ def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # 18 s alone; minutes on a loaded 2-core machine
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
