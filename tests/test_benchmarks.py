@@ -133,6 +133,29 @@ def test_worker_refuses_a_runtime_setting_tensorflow_does_not_report():
         worker.applied_runtime(config.RuntimeConfig(intra_op_threads=97))
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_keras_fit_side_is_one_fit_held_between_windows_of_whole_executions(devices):
+    """The `model.fit` reference (MirroredStrategy with 2 devices) runs whole executions of steps_per_execution
+    steps per window, in one `fit` call that waits between windows, so no window pays `fit`'s start-up."""
+    import tensorflow as tf
+
+    from benchmarks import reference
+
+    setting = SETTINGS["mlp-digits-b32"]
+    batch = setting.global_batch_size
+    features = tf.zeros([4, batch, *setting.example_shape])
+    dataset = tf.data.Dataset.from_tensor_slices((features, tf.zeros([4, batch], tf.int64))).repeat()
+    side = reference.KerasFitSide(setting, dataset, devices, steps_per_execution=4)
+    try:
+        assert [side.window(steps)[1] for steps in (5, 4, 1)] == [8 * batch, 4 * batch, 4 * batch]
+        assert int(side.model.optimizer.iterations.numpy()) == 16
+        assert side.thread.is_alive()
+    finally:
+        side.close()
+    assert not side.thread.is_alive()
+    assert Side("keras_fit", 2, steps_per_execution=4).label() == "keras_fit (2 devices, steps_per_execution=4)"
+
+
 def _check_measured(record: dict, windows: int, steps: int) -> None:
     assert isinstance(record["ratio"], float) and math.isfinite(record["ratio"]) and record["ratio"] > 0
     assert record["windows"] == windows and record["steps_per_window"] == steps
