@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from benchmarks import figures, session, timing
-from benchmarks.plan import SETTINGS, SIZES, SessionKey, Side
+from benchmarks import figures, runner, session, timing
+from benchmarks.plan import SETTINGS, SIZES, Figure, SessionKey, Side
 from trainer.settings import config
 from trainer.system import runtime
 
@@ -39,6 +39,22 @@ def test_calibrate_aims_at_the_window_length_within_bounds():
     assert timing.calibrate(5.0, 0.6, min_steps=2) == 2
     assert timing.calibrate(1e-6, 0.6, min_steps=2, max_steps=100) == 100
     assert timing.calibrate(0.02, 0.0, min_steps=3) == 3
+
+
+def test_windows_are_calibrated_on_the_steps_a_side_ran_in_whole_keras_executions():
+    """A Keras fit side runs whole executions (32 steps when asked for 2): its per-step time is its seconds over
+    the steps it ran, and windows are whole executions, so both sides run the same steps."""
+    keras_side = Side("keras_fit", steps_per_execution=32)
+    figure = Figure("tower1_vs_keras_fit", SETTINGS["cnn-digits"], Side("towerflow"), keras_side)
+
+    def towerflow(steps):
+        return 0.01 * steps, 128 * steps
+
+    def keras(steps):
+        ran = -(-steps // 32) * 32
+        return 0.01 * ran, 128 * ran
+
+    assert runner.warm_up(figure, SIZES["quick"], towerflow, keras) == 64  # 0.6 s of 10 ms steps: 60 -> 64
 
 
 def test_only_accepts_figure_names_and_groups():
