@@ -4,6 +4,7 @@ reference as a user would, by trying `steps_per_execution` values.
 Each value S is timed against S = 1 on the same devices, alternating windows as every figure is (`--quick`
 windows), so the ratio is robust to load; the fastest S is what `benchmarks.figures.KERAS_STEPS_PER_EXECUTION`
 should hold. Keras 3.15 has no `steps_per_execution="auto"` (tf.keras 2.x's), so only integers are tried.
+Then, at the tuned S, the reference without its accuracy metric against with it (what that metric costs).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import tempfile
 
 from benchmarks import records as records_lib
 from benchmarks import runner
+from benchmarks.figures import KERAS_STEPS_PER_EXECUTION
 from benchmarks.plan import SETTINGS, SIZES, Figure, Side
 from benchmarks.session import Sessions
 
 
 def spe_figures(settings: list[str], values: list[int], devices: list[int]) -> list[Figure]:
-    """`keras_fit_spe{S}_vs_spe1` on each setting and device count."""
-    return [
+    """`keras_fit{N}_spe{S}_vs_spe1` on each setting and device count, then what the accuracy metric costs at
+    the tuned S (`keras_fit{N}_loss_only_vs_accuracy`)."""
+    spe = [
         Figure(
             f"keras_fit{n}_spe{s}_vs_spe1",
             SETTINGS[name],
@@ -31,6 +34,18 @@ def spe_figures(settings: list[str], values: list[int], devices: list[int]) -> l
         for n in devices
         for s in values
     ]
+    tuned = KERAS_STEPS_PER_EXECUTION
+    accuracy = [
+        Figure(
+            f"keras_fit{n}_loss_only_vs_accuracy",
+            SETTINGS[name],
+            Side("keras_fit", n, steps_per_execution=tuned[name], keras_accuracy=False),
+            Side("keras_fit", n, steps_per_execution=tuned[name]),
+        )
+        for name in settings
+        for n in devices
+    ]
+    return spe + accuracy
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 a, b = record["a"], record["b"]
                 print(
-                    f"{record['setting']:15s} {record['name']:28s} S: {a['median_examples_per_sec']:9,.0f} ex/s  "
-                    f"S=1: {b['median_examples_per_sec']:9,.0f} ex/s  ratio {record['ratio']:.3f}  "
+                    f"{record['setting']:15s} {record['name']:33s} A {a['median_examples_per_sec']:9,.0f} ex/s  "
+                    f"B {b['median_examples_per_sec']:9,.0f} ex/s  ratio A/B {record['ratio']:.3f}  "
                     f"IQR {record['pair_ratio_iqr'][0]:.2f}-{record['pair_ratio_iqr'][1]:.2f}",
                     flush=True,
                 )

@@ -84,6 +84,7 @@ class Side:
     inter_op_threads: int = 0
     intra_op_threads: int = 0
     steps_per_execution: int = 1  # a "keras_fit" side's `compile(steps_per_execution=...)`
+    keras_accuracy: bool = True  # a "keras_fit" side's `compile(metrics=["accuracy"])`, as towerflow reports it
 
     def __post_init__(self):
         if self.augment != "none" and self.input != "tfrecord":
@@ -91,7 +92,10 @@ class Side:
 
     def label(self) -> str:
         if self.kind != "towerflow":
-            execution = f", steps_per_execution={self.steps_per_execution}" if self.kind == "keras_fit" else ""
+            execution = ""
+            if self.kind == "keras_fit":
+                execution = f", steps_per_execution={self.steps_per_execution}"
+                execution += ", loss and accuracy" if self.keras_accuracy else ", loss only"
             return f"{self.kind} ({self.towers} device{'s' if self.towers > 1 else ''}{execution})"
         options = [f"{self.towers} tower{'s' if self.towers > 1 else ''}", self.input]
         options += [self.update_mode] if self.update_mode != "sync" else []

@@ -152,19 +152,22 @@ class KerasFitSide:
 
     One device: no strategy; more: built, compiled and fitted under `mirrored_strategy`, over which Keras's
     `fit` distributes the dataset. `jit_compile` stays at Keras's "auto", which is off on a CPU-only machine.
-    No metric beyond the loss Keras always tracks (towerflow also computes accuracy and the gradient norm).
+    Metrics: the loss, which Keras always tracks, and with `accuracy` Keras's "accuracy", as its documentation's
+    `compile` examples have it and as towerflow reports both (towerflow also computes the gradient norm and
+    checks every update is finite, which Keras does not).
     `fit` runs in a thread of its own, started by the first window, and a callback holds it between windows,
     so a window times `fit`'s steady state (as in a long run), not its start-up (a new distributed iterator
     per call: ~0.1 s under MirroredStrategy). A window runs whole executions of S steps (at least `steps`).
     """
 
-    def __init__(self, setting: Setting, dataset: tf.data.Dataset, num_devices: int, steps_per_execution: int):
+    def __init__(self, setting: Setting, dataset, num_devices: int, steps_per_execution: int, accuracy: bool):
         self.global_batch_size = setting.global_batch_size
         strategy = mirrored_strategy(num_devices) if num_devices > 1 else tf.distribute.get_strategy()
         with strategy.scope():
             self.model, optimizer = _model_and_optimizer(setting)
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            self.model.compile(optimizer=optimizer, loss=loss, steps_per_execution=steps_per_execution)
+            metrics = ["accuracy"] if accuracy else []
+            self.model.compile(optimizer, loss, metrics=metrics, steps_per_execution=steps_per_execution)
         self.pauses = _Pauses(steps_per_execution)
         fit = functools.partial(
             self.model.fit, dataset, epochs=1, steps_per_epoch=10**12, verbose=0, shuffle=False, callbacks=[self.pauses]

@@ -161,7 +161,7 @@ def test_keras_fit_side_is_one_fit_held_between_windows_of_whole_executions(devi
     batch = setting.global_batch_size
     features = tf.zeros([4, batch, *setting.example_shape])
     dataset = tf.data.Dataset.from_tensor_slices((features, tf.zeros([4, batch], tf.int64))).repeat()
-    side = reference.KerasFitSide(setting, dataset, devices, steps_per_execution=4)
+    side = reference.KerasFitSide(setting, dataset, devices, steps_per_execution=4, accuracy=True)
     try:
         assert [side.window(steps)[1] for steps in (5, 4, 1)] == [8 * batch, 4 * batch, 4 * batch]
         assert int(side.model.optimizer.iterations.numpy()) == 16
@@ -169,7 +169,9 @@ def test_keras_fit_side_is_one_fit_held_between_windows_of_whole_executions(devi
     finally:
         side.close()
     assert not side.thread.is_alive()
-    assert Side("keras_fit", 2, steps_per_execution=4).label() == "keras_fit (2 devices, steps_per_execution=4)"
+    assert side.model.metrics_names == ["loss", "compile_metrics"]
+    label = Side("keras_fit", 2, steps_per_execution=4, keras_accuracy=False).label()
+    assert label == "keras_fit (2 devices, steps_per_execution=4, loss only)"
 
 
 def _check_measured(record: dict, windows: int, steps: int) -> None:
