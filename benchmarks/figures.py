@@ -15,6 +15,9 @@ NAMES = (
     "tower1_vs_plain",
     "tower2_vs_mirrored",
     "tower4_vs_mirrored",
+    "tower1_vs_keras_fit",
+    "tower2_vs_keras_fit_mirrored",
+    "tower4_vs_keras_fit_mirrored",
     "tfrecord_vs_memory",
     "deterministic_vs_default",
     "histograms_every_100_vs_none",
@@ -34,12 +37,30 @@ NAMES = (
 # histogram windows of 0.3 s steps, fp16 without CPU kernels, async threads at 4 towers. The runtime and
 # augmentation figures run on both: how much a kernel library, a thread pool or a per-image map matters
 # depends on how heavy the step is.
-HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tfrecord_vs_memory",
+HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tower1_vs_keras_fit",
+         "tower2_vs_keras_fit_mirrored", "tower4_vs_keras_fit_mirrored", "tfrecord_vs_memory",
          "deterministic_vs_default", "xla_vs_default", "bf16_vs_fp32", "onednn_off_vs_on",
          "intra_op_1_vs_default", "inter_op_1_vs_default", "augment_vs_none")  # fmt: skip
 # How TensorFlow runs on this machine, not how towerflow's code performs: they do not move when towerflow
 # changes, so --quick (run after changes) leaves them out unless --only names them (or their group).
 RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
+
+# The Keras `fit` references' `steps_per_execution`, tuned per setting as a Keras user would: the fastest of the
+# values `python -m benchmarks.keras_spe` tried (rates in RESULTS.md). Keras 3.15 has no "auto".
+KERAS_STEPS_PER_EXECUTION = {"cnn-digits": 32, "resnet20-synth": 8, "mlp-digits-b32": 8}
+
+
+def keras_fit_figures(setting: Setting) -> list[Figure]:
+    """towerflow against Keras's `model.fit` on 1 device, and under MirroredStrategy on 2 and 4."""
+    s = KERAS_STEPS_PER_EXECUTION[setting.name]
+    return [
+        Figure("tower1_vs_keras_fit", setting, TOWERFLOW, Side("keras_fit", steps_per_execution=s), target=1.0),
+        *[
+            Figure(f"tower{n}_vs_keras_fit_mirrored", setting, Side("towerflow", n),
+                   Side("keras_fit", n, steps_per_execution=s), target=1.0)
+            for n in (2, 4)
+        ],
+    ]  # fmt: skip
 
 
 def augment_kind(setting: Setting) -> str:
@@ -75,6 +96,7 @@ def figures(setting: Setting, size: Size) -> list[Figure]:
         Figure("tower1_vs_plain", setting, TOWERFLOW, Side("plain"), target=1.0),
         Figure("tower2_vs_mirrored", setting, Side("towerflow", 2), Side("mirrored", 2), target=1.0),
         Figure("tower4_vs_mirrored", setting, Side("towerflow", 4), Side("mirrored", 4), target=1.0),
+        *keras_fit_figures(setting),
         Figure("tfrecord_vs_memory", setting, Side("towerflow", input="tfrecord"), TOWERFLOW, target=0.95),
         # Two towers: the determinism contract is about tower counts, and its ordered sums need two.
         Figure(

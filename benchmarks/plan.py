@@ -63,8 +63,9 @@ class SessionKey(typing.NamedTuple):
 class Side:
     """One side of a figure: a training loop and its options, built once per worker and timed in windows.
 
-    kind: "towerflow" (trainer.loop.build.build), "plain" (a single-device tf.function step) or "mirrored"
-    (tf.distribute.MirroredStrategy custom loop).
+    kind: "towerflow" (trainer.loop.build.build), "plain" (a single-device tf.function step), "mirrored"
+    (tf.distribute.MirroredStrategy custom loop) or "keras_fit" (Keras's `model.fit`; under MirroredStrategy
+    with more than one device).
     """
 
     kind: str
@@ -82,6 +83,8 @@ class Side:
     onednn: str = "auto"
     inter_op_threads: int = 0
     intra_op_threads: int = 0
+    steps_per_execution: int = 1  # a "keras_fit" side's `compile(steps_per_execution=...)`
+    keras_accuracy: bool = True  # a "keras_fit" side's `compile(metrics=["accuracy"])`, as towerflow reports it
 
     def __post_init__(self):
         if self.augment != "none" and self.input != "tfrecord":
@@ -89,7 +92,11 @@ class Side:
 
     def label(self) -> str:
         if self.kind != "towerflow":
-            return f"{self.kind} ({self.towers} device{'s' if self.towers > 1 else ''})"
+            execution = ""
+            if self.kind == "keras_fit":
+                execution = f", steps_per_execution={self.steps_per_execution}"
+                execution += ", loss and accuracy" if self.keras_accuracy else ", loss only"
+            return f"{self.kind} ({self.towers} device{'s' if self.towers > 1 else ''}{execution})"
         options = [f"{self.towers} tower{'s' if self.towers > 1 else ''}", self.input]
         options += [self.update_mode] if self.update_mode != "sync" else []
         options += ["deterministic"] if self.deterministic else []

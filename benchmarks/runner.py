@@ -49,17 +49,23 @@ def prebuild(figures: list[Figure], sessions: Sessions, records: dict, size: Siz
             session.receive_build(key)
 
 
-def seconds_per_step(windows: tuple[timing.Window, timing.Window], size: Size) -> float:
-    """The slower side's seconds per step, from short probe windows.
+def seconds_per_step(windows: tuple[timing.Window, timing.Window], size: Size, batch: int) -> float:
+    """The slower side's seconds per step of `batch` examples, from short probe windows.
 
     Two rounds: `min_steps` per side, then, unless that already takes long (fp16 on CPU: seconds per
     step), about half a window per side; each side keeps its faster round, because the first window after
     a pause or after the other side ran is often slow, and a window calibrated on it would be too short.
+    A side may run more steps than asked (Keras `fit` runs whole executions): its examples say how many.
     """
-    per_side = [window(size.min_steps)[0] / size.min_steps for window in windows]
+
+    def probe(window: timing.Window, steps: int) -> float:
+        seconds, examples = window(steps)
+        return seconds / (examples / batch)
+
+    per_side = [probe(window, size.min_steps) for window in windows]
     steps = timing.calibrate(max(per_side), size.window_sec / 2, size.min_steps)
     if steps > size.min_steps:
-        per_side = [min(first, window(steps)[0] / steps) for first, window in zip(per_side, windows, strict=True)]
+        per_side = [min(first, probe(window, steps)) for first, window in zip(per_side, windows, strict=True)]
     return max(per_side)
 
 
@@ -76,7 +82,11 @@ def warm_up(figure: Figure, size: Size, window_a: timing.Window, window_b: timin
     if figure.fixed_steps:
         steps = figure.fixed_steps
     elif size.window_sec > 0:
-        steps = timing.calibrate(seconds_per_step(windows, size), size.window_sec, size.min_steps)
+        per_step = seconds_per_step(windows, size, figure.setting.global_batch_size)
+        steps = timing.calibrate(per_step, size.window_sec, size.min_steps)
+        # whole executions of a Keras fit side, so both sides of a window run the same steps
+        execution = max(figure.a.steps_per_execution, figure.b.steps_per_execution)
+        steps = -(-steps // execution) * execution
     else:
         steps = size.min_steps
     for _ in range(size.warmup_windows):

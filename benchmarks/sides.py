@@ -112,4 +112,6 @@ def make_side(side: Side, setting: Setting, records: dict, work_dir: str):
         return reference.PlainSide(setting, dataset)
     if side.kind == "mirrored":
         return reference.MirroredSide(setting, dataset, side.towers)
+    if side.kind == "keras_fit":
+        return reference.KerasFitSide(setting, dataset, side.towers, side.steps_per_execution, side.keras_accuracy)
     raise ValueError(f"unknown side kind {side.kind!r}")

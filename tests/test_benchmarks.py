@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from benchmarks import figures, session, timing
-from benchmarks.plan import SETTINGS, SIZES, SessionKey, Side
+from benchmarks import figures, runner, session, timing
+from benchmarks.plan import SETTINGS, SIZES, Figure, SessionKey, Side
 from trainer.settings import config
 from trainer.system import runtime
 
@@ -39,6 +39,22 @@ def test_calibrate_aims_at_the_window_length_within_bounds():
     assert timing.calibrate(5.0, 0.6, min_steps=2) == 2
     assert timing.calibrate(1e-6, 0.6, min_steps=2, max_steps=100) == 100
     assert timing.calibrate(0.02, 0.0, min_steps=3) == 3
+
+
+def test_windows_are_calibrated_on_the_steps_a_side_ran_in_whole_keras_executions():
+    """A Keras fit side runs whole executions (32 steps when asked for 2): its per-step time is its seconds over
+    the steps it ran, and windows are whole executions, so both sides run the same steps."""
+    keras_side = Side("keras_fit", steps_per_execution=32)
+    figure = Figure("tower1_vs_keras_fit", SETTINGS["cnn-digits"], Side("towerflow"), keras_side)
+
+    def towerflow(steps):
+        return 0.01 * steps, 128 * steps
+
+    def keras(steps):
+        ran = -(-steps // 32) * 32
+        return 0.01 * ran, 128 * ran
+
+    assert runner.warm_up(figure, SIZES["quick"], towerflow, keras) == 64  # 0.6 s of 10 ms steps: 60 -> 64
 
 
 def test_only_accepts_figure_names_and_groups():
@@ -131,6 +147,31 @@ def test_worker_refuses_a_runtime_setting_tensorflow_does_not_report():
 
     with pytest.raises(RuntimeError, match="not in force.*intra_op_threads"):
         worker.applied_runtime(config.RuntimeConfig(intra_op_threads=97))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_keras_fit_side_is_one_fit_held_between_windows_of_whole_executions(devices):
+    """The `model.fit` reference (MirroredStrategy with 2 devices) runs whole executions of steps_per_execution
+    steps per window, in one `fit` call that waits between windows, so no window pays `fit`'s start-up."""
+    import tensorflow as tf
+
+    from benchmarks import reference
+
+    setting = SETTINGS["mlp-digits-b32"]
+    batch = setting.global_batch_size
+    features = tf.zeros([4, batch, *setting.example_shape])
+    dataset = tf.data.Dataset.from_tensor_slices((features, tf.zeros([4, batch], tf.int64))).repeat()
+    side = reference.KerasFitSide(setting, dataset, devices, steps_per_execution=4, accuracy=True)
+    try:
+        assert [side.window(steps)[1] for steps in (5, 4, 1)] == [8 * batch, 4 * batch, 4 * batch]
+        assert int(side.model.optimizer.iterations.numpy()) == 16
+        assert side.thread.is_alive()
+    finally:
+        side.close()
+    assert not side.thread.is_alive()
+    assert side.model.metrics_names == ["loss", "compile_metrics"]
+    label = Side("keras_fit", 2, steps_per_execution=4, keras_accuracy=False).label()
+    assert label == "keras_fit (2 devices, steps_per_execution=4, loss only)"
 
 
 def _check_measured(record: dict, windows: int, steps: int) -> None:

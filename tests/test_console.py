@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.histogram import summary_v2
 
 from trainer.loop.run import train
-from trainer.outputs import progress
+from trainer.outputs import costs, progress
 from trainer.outputs.summaries import histogram_buckets
 
 
@@ -53,6 +53,17 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
     assert f"eval accuracy {metrics['eval_accuracy']:.4f}" in out
     assert f"outputs: {tmp_path / 'run' / 'metrics.json'}" in out and f"--logdir={tmp_path / 'run'}" in out
     assert out.index("model      cnn") < out.index("step       1/12") < out.index("done: step 12")
+    assert "warning" not in out and metrics["cost_warnings"] == []  # float32, no XLA: nothing known to cost
+
+
+def test_settings_slow_on_cpus_warn_only_on_cpu_towers(make_config):
+    """fp16 and XLA were measured slower on CPUs only: GPU towers get no warning (checked without a GPU)."""
+    slow = {"mixed_precision": "fp16", "jit_compile": True}
+    on_cpu = costs.cost_warnings(make_config(towers=slow))
+    assert [w.split(" on ")[0] for w in on_cpu] == ["--mixed_precision=fp16", "--xla"]
+    assert all("benchmarks/RESULTS.md" in w for w in on_cpu)
+    assert costs.cost_warnings(make_config(towers={**slow, "device": "gpu"})) == []
+    assert costs.cost_warnings(make_config(towers={"mixed_precision": "bf16"})) == []
 
 
 @pytest.mark.parametrize(

@@ -197,12 +197,22 @@ def test_optimizers_and_schedules_learn(make_config, optimizer, schedule):
     [{"jit_compile": True}, {"mixed_precision": "bf16"}, {"mixed_precision": "fp16", "global_batch_size": 16}],
     ids=["xla", "bf16", "fp16"],
 )
-def test_xla_and_mixed_precision_train(make_config, towers):
+def test_xla_and_mixed_precision_train(make_config, towers, capsys, tmp_path):
+    """... and the two measured slower on CPUs (XLA, fp16) say what they cost, at start-up and in metrics.json."""
     import keras
 
     steps = 4 if towers.get("mixed_precision") == "fp16" else 20  # CPUs have no fp16 kernels: slow
     metrics = train(make_config(model={"name": "mlp"}, deterministic=False, towers=towers, loop={"train_steps": steps}))
     assert metrics["global_step"] == steps
+    out = capsys.readouterr().out.splitlines()
+    warned = [line.removeprefix("warning: ") for line in out if line.startswith("warning: ")]
+    written = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert warned == metrics["cost_warnings"] == written["cost_warnings"]
+    assert [line.split(" (")[0] for line in warned] == {
+        "xla": ["--xla on CPU towers runs at 0.205"],
+        "bf16": [],
+        "fp16": ["--mixed_precision=fp16 on CPU towers runs at 0.255"],
+    }[towers.get("mixed_precision") or "xla"]
     assert np.isfinite(metrics["train_loss"]) and metrics["eval_loss"] < np.log(10)  # below chance
     policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}.get(towers.get("mixed_precision"), "float32")
     assert keras.mixed_precision.global_policy().name == policy

@@ -8,13 +8,15 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from trainer.outputs.costs import cost_warnings
 from trainer.outputs.progress import format_duration
 from trainer.settings.config import RunConfig
 
 
 def start_lines(config: RunConfig, state) -> list[str]:
     """The banner: model, towers, batch, data, what training does to the data (augmentation, normalization and
-    cache, with what `auto` chose), optimizer and model_dir (the attempt line says fresh or resumed)."""
+    cache, with what `auto` chose), optimizer and model_dir (the attempt line says fresh or resumed), then a
+    warning for each setting known to be slow on these devices (`trainer.outputs.costs`)."""
     t, o = config.towers, config.optimizer
     placement = state.placement
     params = sum(int(np.prod(v.shape)) for v in state.model.trainable_variables)
@@ -33,6 +35,7 @@ def start_lines(config: RunConfig, state) -> list[str]:
         f"augment    {state.data_settings.describe(config.model.name)}",
         f"optimizer  {o.name}, learning rate {o.learning_rate:g} ({_schedule(config)})",
         f"model_dir  {config.loop.model_dir}, training to step {config.loop.train_steps}",
+        *(f"warning: {warning}" for warning in cost_warnings(config)),
     ]
 
 

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from trainer.outputs.costs import cost_warnings
 from trainer.step import spread
 from trainer.step.modes import mode_for
 from trainer.system import files, runtime, versions
@@ -112,6 +113,7 @@ def final_metrics(config, state, results: dict, examples_per_sec: float | None, 
         "devices": list(state.placement.towers),
         "versions": versions.describe(),
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
+        "cost_warnings": cost_warnings(config),  # settings measured slower on these devices; [] for none
     }
     metrics.update(mode_for(t.update_mode).run_metrics(config, state.mode))  # async: staleness
     return metrics
