@@ -107,9 +107,10 @@ def test_stop_lands_after_the_step_in_progress_not_after_the_window(
     latency_sec = durable_at - sent["at"]  # signal -> the checkpoint is on disk
     stopped_at = _latest_step(tmp_path / "run")
     assert e.value.step == stopped_at and stopped_at < 5_000
-    # sync: nothing runs after the step the signal interrupted; async: the updates then in flight (at most
-    # one per tower) land, no other starts
-    assert 0 <= stopped_at - stop.steps_at_signal[0] <= (0 if update_mode == "sync" else 2)
+    # sync: nothing runs after the step the signal interrupted; async: the updates then in flight land, and
+    # a tower whose in-graph loop read the halt flag before the signal's watcher set it starts one more (at
+    # most two per tower, 2 towers; 3 seen on a loaded machine)
+    assert 0 <= stopped_at - stop.steps_at_signal[0] <= (0 if update_mode == "sync" else 4)
     assert len(saves) == 1  # the stop's checkpoint, and no other
     attempts = json.loads((tmp_path / "run" / "attempts.json").read_text())
     assert [a["step"] for a in attempts] == [stopped_at]

@@ -173,16 +173,20 @@ def test_a_killed_worker_a_frozen_worker_and_a_killed_chief_each_requeue_the_job
     flags = (*LONG_LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=250", "--max_requeues=1")
     job_id = _submit(two_node_slurm, model_dir, flags)
     faults = [(1, signal.SIGKILL), (1, signal.SIGSTOP), (0, signal.SIGKILL)]
-    for restart, (task, fault) in enumerate(faults):
-        _wait_for_step_of_restart(model_dir, job_id, restart, 300 * (restart + 1))
-        os.kill(slurm_task_pid(job_id, task), fault)
-        faulted = time.monotonic()
-        _wait_for_step_of_restart(model_dir, job_id, restart + 1, 1)
-        ended = re.findall(r"=== towerflow: a task was lost: job \d+ requeued", _log_of(model_dir, job_id))
-        assert len(ended) == restart + 1
-        # the timeout, probes, srun's kill, the 6 s requeue hold and a start on 2 loaded cores
-        assert time.monotonic() - faulted < 8 + 60, _log_of(model_dir, job_id)[-3000:]
-    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=300)
+    try:
+        for restart, (task, fault) in enumerate(faults):
+            _wait_for_step_of_restart(model_dir, job_id, restart, 300 * (restart + 1))
+            os.kill(slurm_task_pid(job_id, task), fault)
+            faulted = time.monotonic()
+            _wait_for_step_of_restart(model_dir, job_id, restart + 1, 1)
+            ended = re.findall(r"=== towerflow: a task was lost: job \d+ requeued", _log_of(model_dir, job_id))
+            assert len(ended) == restart + 1
+            # the timeout, probes, srun's kill, the 6 s requeue hold and a start with its first step, traced
+            # on 2 cores that the other test process loads (97 s seen beside the full suite)
+            assert time.monotonic() - faulted < 8 + 150, _log_of(model_dir, job_id)[-3000:]
+        info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=300)
+    finally:  # a failure here must not leave the job running into the next test
+        slurm_daemons.run(["scancel", str(job_id)], two_node_slurm.env, check=False)
     log = _log_of(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "3"), log[-3000:]
     port = 12000 + (job_id % 2500) * 8
