@@ -66,7 +66,26 @@ def probe(address: str, timeout: float = PROBE_TIMEOUT_SEC) -> Probe:
     return Probe.NOT_GRPC
 
 
-class PeerWatch:
+class Watch:
+    """A daemon thread running `self._run` from `with watch:` on; leaving the block sets `self._stopped`,
+    which `_run` waits on between its checks."""
+
+    def __init__(self, name: str):
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class PeerWatch(Watch):
     """Probes `peers` ({task index: "host:port"}) from a thread; ends the process with 75 when one is lost.
 
     Args:
@@ -80,16 +99,8 @@ class PeerWatch:
         self.peers, self.describe, self.timeout_sec = peers, describe, timeout_sec
         self.on_lost = on_lost or (lambda message: None)
         self.every = every
-        self._stopped = threading.Event()
         self._answered = dict.fromkeys(peers, time.monotonic())  # when each peer last answered
-        self._thread = threading.Thread(target=self._run, name="towerflow-peer-watch", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stopped.set()
+        super().__init__("towerflow-peer-watch")
 
     def silent(self) -> list[int]:
         """The peers that missed their latest probe (any thread): this watch is timing them."""

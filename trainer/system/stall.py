@@ -26,7 +26,7 @@ SAMPLE_EVERY_SEC = 1.0
 TRACE_ALLOWANCE = 3.0  # a later graph's tracing, against the first step's (tracing + first run)
 
 
-class StallWatch:
+class StallWatch(peers.Watch):
     """Samples `finished()` from a thread while a window of steps runs (`window`).
 
     Args:
@@ -49,15 +49,7 @@ class StallWatch:
         self.longest_wait = 0.0  # between two finished steps (or a window's start and its first step)
         self._lock = threading.Lock()
         self._window: tuple[int, float, bool] | None = None  # (count, when it last changed, judged)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="towerflow-stall-watch", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stopped.set()
+        super().__init__("towerflow-stall-watch")
 
     @property
     def limit_sec(self) -> float:
