@@ -323,7 +323,10 @@ def test_cli_async_label_of_num_classes_exits_2_naming_file_label_and_flags(tmp_
     with tf.io.TFRecordWriter(train[2]) as writer:
         for record in records:
             writer.write(record)
-    result = _trainer(*_data_flags(tmp_path), "--update_mode=async", model_dir=tmp_path / "run")
+    # Tower 0 reads files 0 and 2 (128 records, 8 updates an epoch); async towers share the steps by speed,
+    # so the run is long enough that tower 0 reads all of its share whatever the split (12 steps were not).
+    steps = ["--train_steps=400", "--log_every_steps=100", "--eval_every_steps=400", "--checkpoint_every_steps=400"]
+    result = _trainer(*_data_flags(tmp_path), "--update_mode=async", *steps, model_dir=tmp_path / "run")
     assert _error_line(result) == (
         f"error: --train_data file {train[2]}: record 17 (byte offset {_offsets(train[2])[17]}) has label 4 "
         "(stored 4, --label_offset=0), outside [0, --num_classes=4); fix --num_classes or --label_offset, or "
