@@ -5,7 +5,9 @@
 
 Each side is one `benchmarks.input_pipelines` pipeline limited to one thread; a window is one epoch of the
 records, timed in CPU-seconds of this process, and windows alternate (A, B, A, B, ...) after a warm-up epoch
-of each, so a change in load hits both sides. Rate = images per CPU-second; ratio = median(A) / median(B).
+of each, so a change in load hits both sides. Every window ends when the pipelines are idle again (their
+prefetch buffers full), so one side's background work is never counted in the other's window. Rate = images
+per CPU-second; ratio = median(A) / median(B).
 `python -m benchmarks --input` writes these records in its JSON's `figures` list; `python -m benchmarks`
 (quick, full, smoke) runs them after the training figures, in the same record format (`runner.result`).
 """
@@ -29,16 +31,33 @@ SETTING_TEXT = "input pipeline alone, 500x375 JPEG records -> 224x224, batch {ba
 
 
 def cpu_window(dataset, batch_size: int) -> timing.Window:
-    """`window(batches) -> (CPU-seconds, images)` over a one-thread pipeline's iterator."""
+    """`window(batches) -> (CPU-seconds, images)` over a one-thread pipeline's iterator.
+
+    The pipelines prefetch: between its windows a side's background thread fills its buffers, and would do
+    so in the other side's window, which is timed in CPU-seconds of this same process. So every window starts
+    and ends with every pipeline idle (its buffers full): its CPU time is then the work of its batches alone.
+    """
     iterator = iter(dataset)
 
     def window(batches: int) -> tuple[float, int]:
         started = time.process_time()
         for _ in range(batches):
             next(iterator)
+        until_idle()
         return max(time.process_time() - started, 1e-9), batches * batch_size
 
     return window
+
+
+def until_idle(poll_sec: float = 0.05, busy: float = 0.05) -> None:
+    """Returns once this process used less than `busy` of a core over `poll_sec`: its pipelines' buffers full."""
+    last = time.process_time()
+    while True:
+        time.sleep(poll_sec)
+        now = time.process_time()
+        if now - last < busy * poll_sec:
+            return
+        last = now
 
 
 def measure(size, pattern: str, encoded) -> list[dict]:
@@ -49,7 +68,7 @@ def measure(size, pattern: str, encoded) -> list[dict]:
     windows = {}
     for name in names:
         windows[name] = cpu_window(pipelines.build(name, pattern, encoded, size.batch_size, True), size.batch_size)
-        windows[name](size.warmup_batches)
+        windows[name](size.warmup_batches)  # ends idle: see cpu_window
     records = []
     for figure, (pipeline, target) in FIGURES.items():
         started = time.perf_counter()
