@@ -4,7 +4,9 @@ Writes 500x375 JPEGs with `python -m data.prepare synthetic --format=jpeg` into 
 times each pipeline of `benchmarks.input_pipelines` on one core (tf.data's private thread pool of 1 thread,
 no intra-op parallelism) and on all cores, as the median images/s of several timed windows after a warm-up.
 Ratios are to (a), `tf.io.decode_jpeg` alone on the same bytes: the practical ceiling of a JPEG pipeline.
-From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed.
+From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed. The figures
+`input_none_vs_decode` and `input_imagenet_vs_decode` ((b) and (c) over (a), targets 0.9 and 1.0) are then
+measured in alternating windows (`benchmarks.input_figures`) and written to the JSON's `figures` list.
 
 Then the same for `input_pipelines.SMALL_PIPELINES` on the 32x32x3 records of the resnet20-synth setting, and
 what each --augment kind costs per image, in microseconds of a core: its pipeline's one-core cost per image
