@@ -26,6 +26,8 @@ FIGURES = {
     "input_imagenet_vs_decode": ("towerflow_imagenet", 1.0),
 }
 REFERENCE = "decode"
+# Untimed windows per side after the warm-up: a buffer of 1 batch doubled 5 times holds a full-size window.
+WARMUP_WINDOWS = 6
 SETTING = "input-jpeg"
 SETTING_TEXT = "input pipeline alone, 500x375 JPEG records -> 224x224, batch {batch}, one thread (images per CPU-s)"
 
@@ -49,6 +51,21 @@ def cpu_window(dataset, batch_size: int) -> timing.Window:
     return window
 
 
+def warm_windows(datasets: dict, size) -> dict:
+    """A `cpu_window` per dataset, after `size.warmup_batches` and WARMUP_WINDOWS untimed windows each, in turns.
+
+    Each window drains a pipeline's prefetch buffer, which then doubles its size (tf.data's prefetch autotuner)
+    and refills it, counted in that window, until the buffer holds a whole window: the untimed windows.
+    """
+    windows = {name: cpu_window(dataset, size.batch_size) for name, dataset in datasets.items()}
+    for window in windows.values():
+        window(size.warmup_batches)
+    for _ in range(WARMUP_WINDOWS):
+        for window in windows.values():
+            window(size.batches_per_window)
+    return windows
+
+
 def until_idle(poll_sec: float = 0.05, busy: float = 0.05) -> None:
     """Returns once this process used less than `busy` of a core over `poll_sec`: its pipelines' buffers full."""
     last = time.process_time()
@@ -65,10 +82,8 @@ def measure(size, pattern: str, encoded) -> list[dict]:
     from benchmarks import input_pipelines as pipelines
 
     names = [REFERENCE, *(pipeline for pipeline, _ in FIGURES.values())]
-    windows = {}
-    for name in names:
-        windows[name] = cpu_window(pipelines.build(name, pattern, encoded, size.batch_size, True), size.batch_size)
-        windows[name](size.warmup_batches)  # ends idle: see cpu_window
+    datasets = {name: pipelines.build(name, pattern, encoded, size.batch_size, True) for name in names}
+    windows = warm_windows(datasets, size)
     records = []
     for figure, (pipeline, target) in FIGURES.items():
         started = time.perf_counter()

@@ -103,11 +103,8 @@ def measure(pattern: str, size: input_only.InputSize, rounds: int) -> dict[str, 
 
     info = data.inspect_records(pattern, data.ImageSchema(image_size=IMAGE_SIZE))
     names = [(augment, stage) for augment, stages in STAGES.items() for stage in stages]
-    windows = {}
-    for augment, stage in names:
-        dataset = pipeline(info, augment, stage, size.batch_size)
-        windows[augment, stage] = input_figures.cpu_window(dataset, size.batch_size)
-        windows[augment, stage](size.warmup_batches)
+    datasets = {(augment, stage): pipeline(info, augment, stage, size.batch_size) for augment, stage in names}
+    windows = input_figures.warm_windows(datasets, size)
     costs = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
