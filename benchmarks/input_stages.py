@@ -14,6 +14,8 @@ median microseconds per image minus the previous one's. The stages are towerflow
     resize    to 224x224 float32 (data.augment.resize), stacked into the batch
     flip      imagenet: the random flip
     scale     to [0, 1]: the pipeline towerflow runs
+
+and, in the same turns, (a) of `python -m benchmarks --input`: `tf.io.decode_jpeg` alone on the bytes in memory.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ STAGES = {
     "none": ("read", "shuffle", "parse", "key", "decode", "resize", "scale"),
     "imagenet": ("read", "shuffle", "parse", "key", "window", "decode", "resize", "flip", "scale"),
 }
+REFERENCE = ("reference", "decode_jpeg alone")
+_REF = (REFERENCE[0], REFERENCE[1:])
 _SPEC = {
     schema.IMAGE_ENCODED_KEY: tf.io.FixedLenFeature([], tf.string),
     schema.IMAGE_LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
@@ -98,19 +102,23 @@ def pipeline(info, augment: str, last: str, batch_size: int) -> tf.data.Dataset:
 
 
 def measure(pattern: str, size: input_only.InputSize, rounds: int) -> dict[str, list[tuple[str, float]]]:
-    """{augment: [(stage, microseconds of a core per image of the pipeline up to it)]}, medians of `rounds`."""
+    """{augment: [(stage, microseconds of a core per image of the pipeline up to it)]}, medians of `rounds`;
+    augment "reference": (a) of `python -m benchmarks --input`, decode_jpeg alone on the bytes in memory."""
     import data
 
     info = data.inspect_records(pattern, data.ImageSchema(image_size=IMAGE_SIZE))
     names = [(augment, stage) for augment, stages in STAGES.items() for stage in stages]
     datasets = {(augment, stage): pipeline(info, augment, stage, size.batch_size) for augment, stage in names}
+    encoded = input_pipelines.load_encoded(pattern)
+    datasets[REFERENCE] = input_pipelines.build("decode", pattern, encoded, size.batch_size, True)
+    names.append(REFERENCE)
     windows = input_figures.warm_windows(datasets, size)
     costs = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
             seconds, images = windows[name](size.batches_per_window)
             costs[name].append(1e6 * seconds / images)
-    return {a: [(s, statistics.median(costs[a, s])) for s in stages] for a, stages in STAGES.items()}
+    return {a: [(s, statistics.median(costs[a, s])) for s in stages] for a, stages in (*STAGES.items(), _REF)}
 
 
 def main(argv: list[str]) -> int:
@@ -119,6 +127,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="towerflow-input-stages-") as work_dir:
         pattern = input_only.write_jpegs(work_dir, size.num_records)
         table = measure(pattern, size, rounds)
+    (_, reference), *_ = table.pop(REFERENCE[0])
+    print(f"(a) tf.io.decode_jpeg alone, bytes in memory (python -m benchmarks --input): {reference:.1f} us/image")
     for augment, rows in table.items():
         print(f"--augment={augment}: stage, us/image of the pipeline up to it, the stage's own cost")
         previous = 0.0
