@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--smoke", action="store_true", help="tiny windows, to check that everything runs")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--input", action="store_true", help="time the input pipeline alone on synthetic JPEGs")
-    figures_help = f"comma-separated figures: {', '.join(figure_defs.NAMES)}"
+    figures_help = f"comma-separated figures: {', '.join(figure_defs.NAMES + tuple(figure_defs.INPUT_FIGURES))}"
     parser.add_argument("--only", type=_names, default=[], help=figures_help)
     parser.add_argument("--settings", type=_names, help=f"comma-separated settings: {', '.join(SETTINGS)}")
     parser.add_argument("--windows", type=int, help="timed windows per side (default depends on the size)")
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         selected = figure_defs.select(all_figures, args.only, size)
     except ValueError as e:
         parser.error(str(e))
+    input_names = figure_defs.select_input(args.only)
     from trainer.settings import config  # no TensorFlow: which update modes this tree has
 
     available = {"async"} if "async" in config.UPDATE_MODES else set()
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             graceful = True
         finally:
             sessions.close(graceful)
+    results += _run_input(size, input_names)
+    env["date_end"], env["load_average_end"] = report.now(), list(os.getloadavg())
     env["command"] = command
     run = {"size": dataclasses.asdict(size), "environment": env, "figures": results}
     print("\n".join(report.legend(results)))
@@ -114,6 +117,20 @@ def _run(selected, size, records, sessions, available, profile_dir) -> list[dict
     for record in runner.run(selected, size, records, sessions, available, profile_dir=profile_dir):
         print(report.row(record), flush=True)
         results.append(record)
+    return results
+
+
+def _run_input(size, names: list[str]) -> list[dict]:
+    """The input figures in `names`, in this process (the training workers are gone): full-size windows
+    but for --smoke (~30 s on 2 cores, most of it writing the JPEGs)."""
+    if not names:
+        return []
+    from benchmarks import input_figures
+
+    print("input figures (benchmarks/input_figures.py):", flush=True)
+    results = [r for r in input_figures.run("smoke" if size.name == "smoke" else "full") if r["name"] in names]
+    for record in results:
+        print(report.row(record), flush=True)
     return results
 
 

@@ -5,6 +5,7 @@ Targets are those agreed for `--quick` on a 2-core machine; figures without a ta
 
 from __future__ import annotations
 
+from benchmarks.input_figures import FIGURES as INPUT_FIGURES
 from benchmarks.plan import Figure, Setting, Side, Size
 from trainer.settings.preprocess import resolve_augment
 
@@ -158,8 +159,13 @@ def select(all_figures: list[Figure], only: list[str], size: Size) -> list[Figur
     """
     if not only:
         return [f for f in all_figures if size.runtime_figures or f.name not in RUNTIME]
-    known = set(NAMES) | {f.group for f in all_figures if f.group}
+    known = set(NAMES) | set(INPUT_FIGURES) | {"input"} | {f.group for f in all_figures if f.group}
     unknown = [name for name in only if name not in known]
     if unknown:
         raise ValueError(f"--only: unknown figure(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
     return [f for f in all_figures if f.name in only or f.group in only]
+
+
+def select_input(only: list[str]) -> list[str]:
+    """The input figures (`benchmarks.input_figures`, group "input") `only` names; all of them when it is empty."""
+    return [name for name in INPUT_FIGURES if not only or name in only or "input" in only]

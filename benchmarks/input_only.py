@@ -4,7 +4,9 @@ Writes 500x375 JPEGs with `python -m data.prepare synthetic --format=jpeg` into 
 times each pipeline of `benchmarks.input_pipelines` on one core (tf.data's private thread pool of 1 thread,
 no intra-op parallelism) and on all cores, as the median images/s of several timed windows after a warm-up.
 Ratios are to (a), `tf.io.decode_jpeg` alone on the same bytes: the practical ceiling of a JPEG pipeline.
-From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed.
+From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed. The figures
+`input_none_vs_decode` and `input_imagenet_vs_decode` ((b) and (c) over (a), targets 0.9 and 1.0) are then
+measured in alternating windows (`benchmarks.input_figures`) and written to the JSON's `figures` list.
 
 Then the same for `input_pipelines.SMALL_PIPELINES` on the 32x32x3 records of the resnet20-synth setting, and
 what each --augment kind costs per image, in microseconds of a core: its pipeline's one-core cost per image
@@ -111,12 +113,11 @@ def _time_rows(pipelines: dict, build, size: InputSize) -> list[dict]:
     return rows
 
 
-def measure(size: InputSize, work_dir: str) -> list[dict]:
-    """Every JPEG pipeline (`input_pipelines.PIPELINES`): one dict per pipeline."""
+def measure(size: InputSize, pattern: str, encoded) -> list[dict]:
+    """Every JPEG pipeline (`input_pipelines.PIPELINES`) over the records of `pattern`, whose image bytes are
+    `encoded`: one dict per pipeline."""
     from benchmarks import input_pipelines as pipelines
 
-    pattern = write_jpegs(work_dir, size.num_records)
-    encoded = pipelines.load_encoded(pattern)
     rows = _time_rows(
         pipelines.PIPELINES,
         lambda name, one_core: pipelines.build(name, pattern, encoded, size.batch_size, one_core),
@@ -211,15 +212,27 @@ def cost_table(small_rows: list[dict], costs: list[dict]) -> list[str]:
     return lines
 
 
+def figure_table(figures: list[dict]) -> list[str]:
+    """The figures (`benchmarks.input_figures`) as `python -m benchmarks` prints its own, with their legend."""
+    return [report.header(), *map(report.row, figures), *report.legend(figures)]
+
+
 def main(smoke: bool = False, out: str | None = None) -> int:
     """Runs the benchmark, prints the table, writes JSON to `out` when given. Returns the exit code."""
     size = SIZES["smoke" if smoke else "full"]
     started, load_start = report.now(), list(os.getloadavg())
     print(f"input benchmark, size {size.name}: {size.num_records} JPEGs {SHAPE}, batch {size.batch_size}", flush=True)
     with tempfile.TemporaryDirectory(prefix="towerflow-input-bench-") as work_dir:
-        rows = measure(size, work_dir)
-    needs = gpu_needs(rows)
-    print("\n".join(table(rows, needs)))
+        from benchmarks import input_figures
+        from benchmarks import input_pipelines as pipelines
+
+        pattern = write_jpegs(work_dir, size.num_records)
+        encoded = pipelines.load_encoded(pattern)
+        rows = measure(size, pattern, encoded)
+        needs = gpu_needs(rows)
+        print("\n".join(table(rows, needs)))
+        figures = input_figures.measure(size, pattern, encoded)
+    print("\n".join(figure_table(figures)))
     small_size = SMALL_SIZES[size.name]
     print(f"32x32 records of {SMALL_SETTING}: batch {small_size.batch_size}", flush=True)
     small_rows = measure_small(small_size)
@@ -229,7 +242,8 @@ def main(smoke: bool = False, out: str | None = None) -> int:
         import tensorflow as tf
 
         env = report.environment({"tensorflow": tf.__version__}, started, load_start)
-        run = {"size": dataclasses.asdict(size), "environment": env, "pipelines": rows, "gpu_needs": needs}
+        run = {"size": dataclasses.asdict(size), "environment": env, "figures": figures, "pipelines": rows}
+        run["gpu_needs"] = needs
         run.update(small_size=dataclasses.asdict(small_size), small_pipelines=small_rows, augmentation_costs=costs)
         report.write_json(out, run)
         print(f"wrote {out}")

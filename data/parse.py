@@ -75,11 +75,13 @@ def cached_parser(records: DecodedRecords, info: RecordInfo, preprocess: Preproc
         images_of = _per_image(load, info)
     else:  # every image has the example shape: one gather reads the batch, then only the random steps run
 
-        def images_of(ids, keys):
+        def images_of(ids, keys, scale):
             images = tf.cast(tf.gather(records.images, ids), tf.float32)
-            if not random:
-                return images
-            return _map_images(lambda args: augment_lib.randomize(args[0], preprocess.augment, args[1]), images, keys)
+            if random:
+                images = _map_images(
+                    lambda args: augment_lib.randomize(args[0], preprocess.augment, args[1]), images, keys
+                )
+            return scale(images)
 
     return lambda ids, positions: (finish(images_of, ids, positions), tf.gather(records.labels, ids))
 
@@ -146,8 +148,8 @@ def _is_random(preprocess: Preprocess, training: bool, stream_key) -> bool:
 
 
 def _finisher(preprocess: Preprocess, random: bool, stream_key):
-    """`finish(images_of, sources, positions)`: each example's key, its image in [0, 255] from
-    `images_of(sources, keys)`, then [0, 1] and normalized."""
+    """`finish(images_of, sources, positions)`: each example's key, then the images from `images_of(sources,
+    keys, scale)`, `scale` taking images in [0, 255] to [0, 1], normalized."""
     normalize = augment_lib.normalizer(preprocess.mean, preprocess.std)
 
     def finish(images_of, sources, positions):
@@ -155,7 +157,7 @@ def _finisher(preprocess: Preprocess, random: bool, stream_key):
             keys = augment_lib.example_keys(stream_key, positions)
         else:
             keys = tf.zeros([tf.shape(sources)[0], 2], tf.int64)
-        return normalize(images_of(sources, keys) / 255.0)
+        return images_of(sources, keys, lambda images: normalize(images / 255.0))
 
     return finish
 
@@ -165,8 +167,10 @@ def _map_images(fn, sources, keys):
 
 
 def _per_image(load, info: RecordInfo):
-    def images_of(sources, keys):
-        images = _map_images(lambda args: load(args[0], args[1]), sources, keys)
+    # Each image is scaled as it is made, while in cache: scaling the batch after it is stacked is one more
+    # pass over all its pixels in memory (~40 us of a core per 224x224 image). Elementwise: the same bits.
+    def images_of(sources, keys, scale):
+        images = _map_images(lambda args: scale(load(args[0], args[1])), sources, keys)
         return tf.ensure_shape(images, [None, *info.example_shape])
 
     return images_of
@@ -188,7 +192,7 @@ def _image_loader(schema: ImageSchema, shape: tuple[int, ...], augment: str, ran
 
     def to_size(image):
         if schema.image_size is not None:
-            return tf.image.resize(image, schema.image_size, method="bilinear")
+            return augment_lib.resize(image, schema.image_size)
         check = tf.debugging.assert_equal(tf.shape(image)[:2], [height, width], message=mismatch)
         with tf.control_dependencies([check]):
             return tf.cast(tf.ensure_shape(image, shape), tf.float32)
@@ -200,7 +204,7 @@ def _image_loader(schema: ImageSchema, shape: tuple[int, ...], augment: str, ran
         else:
             image = records.image(source)
             cropped = augment_lib.crop(image, window_of(tf.shape(image)))
-        return tf.ensure_shape(tf.image.resize(cropped, (height, width), method="bilinear"), shape)
+        return tf.ensure_shape(augment_lib.resize(cropped, (height, width)), shape)
 
     def load(source, key):
         image = crop_resized(source, key) if augment == "imagenet" else to_size(decode(source))

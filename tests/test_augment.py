@@ -135,15 +135,22 @@ def test_same_position_gives_the_same_example_after_a_resume(tmp_path):
 # The ImageNet recipe: crop decoding and the eval center crop.
 
 
-def test_decode_and_crop_jpeg_equals_decode_then_crop():
+@pytest.mark.parametrize("chroma_downsampling", [True, False])  # 4:2:0 chroma, as most JPEGs; 4:4:4
+def test_decode_and_crop_jpeg_equals_decode_then_crop(chroma_downsampling):
     noise = np.random.default_rng(0).integers(-30, 30, size=(4, 60, 44, 3))
     images = np.clip(_smooth_images(4, 60, 44) + noise, 0, 255).astype(np.uint8)
-    encoded = [tf.io.encode_jpeg(image, quality=90) for image in images]  # 4:2:0 chroma, as most JPEGs
+    encoded = [tf.io.encode_jpeg(image, quality=90, chroma_downsampling=chroma_downsampling) for image in images]
+    rng = np.random.default_rng(1)
     for i, one in enumerate(encoded):
-        for position in range(12):
-            window_of = augment.random_window(_key(i, position))
+        whole = tf.io.decode_image(one, channels=3, expand_animations=False)
+        # Random-resized-crop windows, and windows of any size at any offset (edges off and on MCU boundaries).
+        windows = [augment.random_window(_key(i, position)) for position in range(12)]
+        for _ in range(40):
+            h, w = rng.integers(1, 61), rng.integers(1, 45)
+            window = tf.constant([rng.integers(0, 61 - h), rng.integers(0, 45 - w), h, w], tf.int32)
+            windows.append(lambda shape, window=window: window)
+        for window_of in windows:
             cropped = augment.decode_crop(one, window_of, 3)
-            whole = tf.io.decode_image(one, channels=3, expand_animations=False)
             expected = augment.crop(whole, window_of(tf.shape(whole)))
             assert cropped.dtype == tf.uint8 and 0 < cropped.shape[0] <= 60 and 0 < cropped.shape[1] <= 44
             np.testing.assert_array_equal(cropped.numpy(), expected.numpy())

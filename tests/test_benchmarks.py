@@ -201,7 +201,8 @@ def test_smoke_run_writes_every_figure(tmp_path):
     for key in ("date", "nproc", "cpu_model", "tensorflow", "keras", "python", "command", "load_average_start"):
         assert run["environment"][key] not in (None, "", "unknown"), key
     by_name = {record["name"]: record for record in run["figures"]}
-    assert list(by_name) == list(figures.NAMES)
+    assert list(by_name) == list(figures.NAMES) + list(figures.INPUT_FIGURES)  # the input figures last
+    _check_input_figures([by_name.pop(name) for name in figures.INPUT_FIGURES], done.stdout)
     async_available = "async" in config.UPDATE_MODES
     for name, record in by_name.items():
         assert record["setting"] == size.settings[0]
@@ -212,6 +213,31 @@ def test_smoke_run_writes_every_figure(tmp_path):
         steps = size.histogram_every_steps if name.startswith("histograms") else size.min_steps
         _check_measured(record, size.windows, steps)
     _check_runtime_read_back(by_name)
+
+
+def _check_input_figures(records: list[dict], stdout: str) -> None:
+    """The input figures (benchmarks/input_figures.py) at smoke size: values present, targets, rows printed."""
+    from benchmarks import input_only
+
+    size = input_only.SIZES["smoke"]
+    assert [(r["name"], r["target"]) for r in records] == [
+        ("input_none_vs_decode", 0.9),
+        ("input_imagenet_vs_decode", 1.0),
+    ]
+    for record in records:
+        assert record["status"] == "ok" and record["setting"] == "input-jpeg"
+        _check_measured(record, size.windows, size.batches_per_window)
+        assert record["b"]["label"] == "(a) decode_jpeg alone" and record["a"]["label"].startswith(("(b)", "(c)"))
+        assert record["name"] in stdout
+
+
+def test_input_figures_are_selected_by_name_or_group():
+    assert figures.select_input([]) == list(figures.INPUT_FIGURES)
+    assert figures.select_input(["input"]) == list(figures.INPUT_FIGURES)
+    assert figures.select_input(["input_imagenet_vs_decode"]) == ["input_imagenet_vs_decode"]
+    assert figures.select_input(["tower1_vs_plain"]) == []
+    every = [f for name in SIZES["full"].settings for f in figures.figures(SETTINGS[name], SIZES["full"])]
+    assert figures.select(every, ["input_none_vs_decode"], SIZES["full"]) == []  # no training figure, no error
 
 
 def _check_runtime_read_back(by_name: dict) -> None:
@@ -240,6 +266,7 @@ def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     run = json.loads(out.read_text())
     assert [row["name"] for row in run["pipelines"]] == list(input_pipelines.PIPELINES)
+    _check_input_figures(run["figures"], done.stdout)
     for row in run["pipelines"]:
         assert row["label"] in done.stdout
         for cores in ("one_core", "all_cores"):
