@@ -80,7 +80,7 @@ def test_twin_has_the_owners_place_on_its_task():
 MODEL_BYTES = 212
 
 
-def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str) -> traffic.Traffic:
+def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mirror: bool = False) -> traffic.Traffic:
     """Bytes crossing between tasks in one sync step, K = all towers, 2 examples per micro-batch. Task t's
     towers are logical devices CPU:t*T .. CPU:t*T+T-1 (some need not exist: the step is traced, not run) and
     its CPU is its first tower's device, as on a CPU machine. Variables live on task 0 or, spread, on towers."""
@@ -104,7 +104,8 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str) ->
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((2, 6)), tf.zeros((2,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, hosts[j]) for j in range(n)]  # read on its own task's CPU
-    mode = SyncUpdate(model, optimizer, placement, n, step, streams)
+    make_optimizer = (lambda: keras.optimizers.SGD(0.1)) if mirror else None
+    mode = SyncUpdate(model, optimizer, placement, n, step, streams, make_optimizer=make_optimizer)
     graph = mode._step_fn.get_concrete_function([it.iterator for it in streams], False, False).graph
     by_device = {traffic.short_device(d): f"task {i // towers_per_task}" for i, d in enumerate(towers)}
     return traffic.count(graph, towers[0], by_device.get, [it.device for it in streams])

@@ -16,7 +16,7 @@ from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import footprint, modes, spread
+from trainer.step import footprint, modes, optim, spread
 from trainer.step.modes import mode_for
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
@@ -115,8 +115,7 @@ def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, i
         model = _build_placed_model(config, placement, inputs)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = mode_for(config.towers.update_mode).make_optimizer(config, global_step)
-        if config.towers.mixed_precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer = optim.with_precision(optimizer, config.towers.mixed_precision)
         optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
         spread.place_updates(optimizer)
     return model, optimizer, global_step
