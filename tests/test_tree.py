@@ -150,3 +150,19 @@ def test_a_power_of_two_towers_per_task_is_one_partial_sum_per_task():
             k = tasks * towers
             layout = tree.Layout(tuple(f"/device:CPU:{i}" for i in range(k)), ("h",) * tasks, k)
             assert {layout.partial_sums(t) for t in range(tasks)} == {1}, (tasks, towers)
+
+
+@pytest.mark.parametrize("tasks, towers", [(2, 1), (2, 2), (3, 1), (4, 1)])
+def test_mirrored_variables_move_the_ring_bound(tasks, towers):
+    """Spread with the large kernels mirrored (`trainer.step.mirrors`: at M = 4 the 20 B bias too): every task
+    moves 2(M-1)/M x the model's bytes each way, plus scalars (partial losses and counts, squared norms, the
+    global step each replica's optimizer reads for its learning rate), at most 56 B here. Owned whole, the
+    owner of the 120 B kernel moves (M-1) x 120 B each way: at M = 4, 1.46 x the bound (464 B)."""
+    bound = 2 * (tasks - 1) / tasks * MODEL_BYTES
+    counted = _between_tasks(tasks, towers, "spread", mirror=True)
+    for t in range(tasks):
+        assert bound <= counted.sent[f"task {t}"] <= bound + 56, (t, counted.sent, bound)
+        assert bound <= counted.received[f"task {t}"] <= bound + 56, (t, counted.received, bound)
+    if tasks == 4:
+        whole = _between_tasks(tasks, towers, "spread")
+        assert max(whole.sent.values()) >= 1.45 * bound
