@@ -35,12 +35,21 @@ from trainer.step import spread
 SHARE = 4
 
 
-def choose(variables, num_tasks: int, spread_over: tuple, optimizer) -> list[int]:
-    """Indices into `variables` (the trainable ones, in model order) of those to mirror."""
-    if num_tasks == 1 or not spread_over or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+def choose(variables, num_tasks: int, spread_over: tuple, loss_scaled: bool) -> list[int]:
+    """Indices into `variables` (the trainable ones, in model order) of those to mirror; `loss_scaled`: the
+    optimizer is a `LossScaleOptimizer` (fp16)."""
+    if num_tasks == 1 or not spread_over or loss_scaled:
         return []
     sizes = [spread.variable_bytes(v) for v in variables]
     return [i for i, size in enumerate(sizes) if size * SHARE * num_tasks >= sum(sizes)]
+
+
+def flags(model, num_tasks: int, spread_over: tuple, loss_scaled: bool) -> list[bool]:
+    """`choose` as one flag per `model.variables` (`trainer.step.spread.build_spread` assigns them last)."""
+    chosen = {
+        id(model.trainable_variables[i]) for i in choose(model.trainable_variables, num_tasks, spread_over, loss_scaled)
+    }
+    return [id(v) in chosen for v in model.variables]
 
 
 def _slot_key(optimizer_variable, homes: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -84,7 +85,8 @@ class SyncUpdate(Updater):
         mirrored = []
         if make_optimizer is not None:
             variables, spread_over = model.trainable_variables, placement.spread_over
-            mirrored = mirrors_lib.choose(variables, placement.num_tasks, spread_over, optimizer)
+            loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            mirrored = mirrors_lib.choose(variables, placement.num_tasks, spread_over, loss_scaled)
         self.mirrors = mirrors_lib.Mirrors(model, mirrored, self._layout, make_optimizer, optimizer)
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
