@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -118,7 +119,7 @@ class _Staleness(Updater):
         return self._staleness
 
 
-def test_async_adds_staleness_to_metrics_json_and_sync_nothing():
+def test_async_adds_staleness_to_metrics_json_and_sync_its_mirrored_variables():
     config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", max_staleness=2))
     assert modes.mode_for("async").run_metrics(config, _Staleness([0, 1, 2, 0])) == {
         "staleness_mean": 0.75,
@@ -127,7 +128,10 @@ def test_async_adds_staleness_to_metrics_json_and_sync_nothing():
         "max_staleness": 2,
     }
     assert modes.mode_for("async").run_metrics(config, _Staleness([])) == {}  # nothing applied yet
-    assert modes.mode_for("sync").run_metrics(cfg.RunConfig(), _Staleness([])) == {}
+    variables = [types.SimpleNamespace(path="dense1/kernel"), types.SimpleNamespace(path="dense1/bias")]
+    synced = types.SimpleNamespace(model=types.SimpleNamespace(trainable_variables=variables))
+    synced.mirrors = types.SimpleNamespace(indices=[0])  # sync adds its mirrored variables, no staleness
+    assert modes.mode_for("sync").run_metrics(cfg.RunConfig(), synced) == {"mirrored_variables": ["dense1/kernel"]}
 
 
 def test_async_optimizer_scales_the_learning_rate_by_1_over_k_and_lowers_momentum(caplog):

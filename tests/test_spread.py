@@ -84,6 +84,8 @@ def test_assign_is_greedy_by_bytes_in_order():
     # 10 -> 0; then device 1 is lighter until it catches up; on the 10 / 10 tie the lowest index wins.
     assert spread.assign([10, 3, 3, 3, 1, 4], 2) == [0, 1, 1, 1, 1, 0]
     assert spread.assign([5, 5, 5], 3) == [0, 1, 2]
+    # mirrored variables (flagged) go after the others, which are then balanced among themselves: 3+3 | 3+1+4
+    assert spread.assign([10, 3, 3, 3, 1, 4], 2, [True, False, False, False, False, False]) == [0, 0, 1, 0, 1, 1]
 
 
 _PRINT_ASSIGNMENT = """

@@ -80,7 +80,7 @@ def test_twin_has_the_owners_place_on_its_task():
 MODEL_BYTES = 212
 
 
-def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str) -> traffic.Traffic:
+def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mirror: bool = False) -> traffic.Traffic:
     """Bytes crossing between tasks in one sync step, K = all towers, 2 examples per micro-batch. Task t's
     towers are logical devices CPU:t*T .. CPU:t*T+T-1 (some need not exist: the step is traced, not run) and
     its CPU is its first tower's device, as on a CPU machine. Variables live on task 0 or, spread, on towers."""
@@ -104,7 +104,8 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str) ->
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((2, 6)), tf.zeros((2,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, hosts[j]) for j in range(n)]  # read on its own task's CPU
-    mode = SyncUpdate(model, optimizer, placement, n, step, streams)
+    make_optimizer = (lambda: keras.optimizers.SGD(0.1)) if mirror else None
+    mode = SyncUpdate(model, optimizer, placement, n, step, streams, make_optimizer=make_optimizer)
     graph = mode._step_fn.get_concrete_function([it.iterator for it in streams], False, False).graph
     by_device = {traffic.short_device(d): f"task {i // towers_per_task}" for i, d in enumerate(towers)}
     return traffic.count(graph, towers[0], by_device.get, [it.device for it in streams])
@@ -149,3 +150,19 @@ def test_a_power_of_two_towers_per_task_is_one_partial_sum_per_task():
             k = tasks * towers
             layout = tree.Layout(tuple(f"/device:CPU:{i}" for i in range(k)), ("h",) * tasks, k)
             assert {layout.partial_sums(t) for t in range(tasks)} == {1}, (tasks, towers)
+
+
+@pytest.mark.parametrize("tasks, towers", [(2, 1), (2, 2), (3, 1), (4, 1)])
+def test_mirrored_variables_move_the_ring_bound(tasks, towers):
+    """Spread with the large kernels mirrored (`trainer.step.mirrors`: at M = 4 the 20 B bias too): every task
+    moves 2(M-1)/M x the model's bytes each way, plus scalars (partial losses and counts, squared norms, the
+    global step each replica's optimizer reads for its learning rate), at most 56 B here. Owned whole, the
+    owner of the 120 B kernel moves (M-1) x 120 B each way: at M = 4, 1.46 x the bound (464 B)."""
+    bound = 2 * (tasks - 1) / tasks * MODEL_BYTES
+    counted = _between_tasks(tasks, towers, "spread", mirror=True)
+    for t in range(tasks):
+        assert bound <= counted.sent[f"task {t}"] <= bound + 56, (t, counted.sent, bound)
+        assert bound <= counted.received[f"task {t}"] <= bound + 56, (t, counted.received, bound)
+    if tasks == 4:
+        whole = _between_tasks(tasks, towers, "spread")
+        assert max(whole.sent.values()) >= 1.45 * bound

@@ -16,7 +16,7 @@ from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import footprint, modes, spread
+from trainer.step import footprint, mirrors, modes, optim, spread
 from trainer.step.modes import mode_for
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
@@ -115,8 +115,7 @@ def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, i
         model = _build_placed_model(config, placement, inputs)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = mode_for(config.towers.update_mode).make_optimizer(config, global_step)
-        if config.towers.mixed_precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer = optim.with_precision(optimizer, config.towers.mixed_precision)
         optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
         spread.place_updates(optimizer)
     return model, optimizer, global_step
@@ -128,7 +127,13 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, inputs:
 
     if not placement.spread_over:
         return build_fn()
-    return spread.build_spread(build_fn, placement.spread_over, reseed=lambda: keras.utils.set_random_seed(config.seed))
+    loss_scaled = config.towers.mixed_precision == "fp16"  # `optim.with_precision`: a LossScaleOptimizer
+
+    def later(model):  # the variables that will be mirrored are assigned after the others (`spread.assign`)
+        return mirrors.flags(model, placement.num_tasks, placement.spread_over, loss_scaled)
+
+    reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
+    return spread.build_spread(build_fn, placement.spread_over, reseed, later)
 
 
 _POLICIES = {"": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}

@@ -66,7 +66,13 @@ class SyncMode(UpdateMode):
         k = config.towers.num_micro_batches
         return [tower_of_micro_batch(j, k, num_towers) for j in range(k)]
 
+    def run_metrics(self, config: RunConfig, updater: Updater) -> dict:
+        """The variables kept on every task, their gradients all-reduced (`trainer.step.mirrors`)."""
+        variables = updater.model.trainable_variables
+        return {"mirrored_variables": [variables[i].path for i in updater.mirrors.indices]}
+
     def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+        from trainer.step import optim
         from trainer.step.sync import SyncUpdate
 
         return SyncUpdate(
@@ -80,6 +86,9 @@ class SyncMode(UpdateMode):
             jit_compile=config.towers.jit_compile,
             steps_per_call=config.loop.steps_per_call,
             profile_steps=config.loop.profile_steps,
+            make_optimizer=lambda: optim.with_precision(
+                self.make_optimizer(config, global_step), config.towers.mixed_precision
+            ),
         )
 
 

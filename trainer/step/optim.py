@@ -77,3 +77,8 @@ def make_optimizer(
     if config.name == "adam":
         return keras.optimizers.Adam(learning_rate)
     return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay)
+
+
+def with_precision(optimizer: keras.optimizers.Optimizer, mixed_precision: str) -> keras.optimizers.Optimizer:
+    """`optimizer` as `--mixed_precision` needs it: fp16 scales the loss (a `LossScaleOptimizer`), else as is."""
+    return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_precision == "fp16" else optimizer

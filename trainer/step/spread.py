@@ -14,6 +14,7 @@ the same in every process and on every rerun. The arithmetic of a step is unchan
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -24,16 +25,19 @@ def variable_bytes(variable) -> int:
     return int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
 
 
-def assign(sizes: list[int], num_devices: int) -> list[int]:
+def assign(sizes: list[int], num_devices: int, later: Sequence[bool] = ()) -> list[int]:
     """Device index of each variable: greedy, in the given order, to the least-loaded device (lowest index
     on a tie). The busiest device then holds at most the mean plus one variable: its last variable arrived
-    when it was the least loaded, so before it, it held no more than the final mean."""
+    when it was the least loaded, so before it, it held no more than the final mean. Variables flagged in
+    `later` (mirrored ones, whose traffic does not depend on their owner) are assigned after the others, so
+    that the others are balanced among themselves."""
     loads = [0] * num_devices
-    owners = []
-    for size in sizes:
+    owners = [0] * len(sizes)
+    flags = list(later) or [False] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: flags[i]):  # stable: model order within each group
         device = loads.index(min(loads))  # index() finds the first minimum: the lowest index on a tie
-        loads[device] += size
-        owners.append(device)
+        loads[device] += sizes[index]
+        owners[index] = device
     return owners
 
 
@@ -65,7 +69,7 @@ def _place_creation(devices_in_order: list):
         yield
 
 
-def build_spread(build_fn, devices: tuple[str, ...], reseed):
+def build_spread(build_fn, devices: tuple[str, ...], reseed, later=None):
     """Builds the model twice: once to learn its variables, then with each variable created on its owner.
 
     Keras creates a layer's variables when the layer is built, before the model's variable order is known,
@@ -77,6 +81,7 @@ def build_spread(build_fn, devices: tuple[str, ...], reseed):
       build_fn: () -> built keras.Model.
       devices: the devices to spread over, in tower order.
       reseed: () -> None; resets the random state to what `build_fn` saw the first time.
+      later: (model) -> one flag per `model.variables`: those assigned after the others (see `assign`).
 
     Raises:
       RuntimeError: the second build did not create its variables in the order of the first.
@@ -84,7 +89,7 @@ def build_spread(build_fn, devices: tuple[str, ...], reseed):
     created: list = []
     with _record_creation(created):
         probe = build_fn()
-    owners = assign([variable_bytes(v) for v in probe.variables], len(devices))
+    owners = assign([variable_bytes(v) for v in probe.variables], len(devices), later(probe) if later else ())
     creation_index = {id(variable): i for i, variable in enumerate(created)}
     devices_in_order: list = [None] * len(created)
     for variable, owner in zip(probe.variables, owners, strict=True):

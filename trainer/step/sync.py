@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer.step import mirrors as mirrors_lib
 from trainer.step import spread, tree
 from trainer.step import towers as tw
 from trainer.step.calls import CallSize
@@ -42,6 +44,8 @@ class SyncUpdate(Updater):
       jit_compile: XLA-compile each tower's forward and backward pass.
       steps_per_call: steps per `tf.function` call (`trainer.step.calls.CallSize`); 0: as many as take ~0.5 s.
       profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
+      make_optimizer: () -> a new optimizer like `optimizer`, for the replicas of mirrored variables
+        (`trainer.step.mirrors`); None: no variable is mirrored.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
     unscales, skipping the update and halving the scale when a gradient is not finite.
@@ -59,6 +63,7 @@ class SyncUpdate(Updater):
         jit_compile: bool = False,
         steps_per_call: int = 0,
         profile_steps: tuple[int, int] | None = None,
+        make_optimizer=None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -77,6 +82,12 @@ class SyncUpdate(Updater):
             placement.parameter_device,
         )
         self._layout = tree.Layout.of(placement, num_micro_batches)
+        mirrored = []
+        if make_optimizer is not None:
+            variables, spread_over = model.trainable_variables, placement.spread_over
+            loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            mirrored = mirrors_lib.choose(variables, placement.num_tasks, spread_over, loss_scaled)
+        self.mirrors = mirrors_lib.Mirrors(model, mirrored, self._layout, make_optimizer, optimizer)
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
@@ -100,6 +111,8 @@ class SyncUpdate(Updater):
         Raises:
           Diverged: a step's loss or gradient was not finite (that update was not applied).
         """
+        if self._step_number is None:  # this process's first call: after the restore, if any
+            self.mirrors.sync()
         totals, traced, done = self._zero_totals(), {"traced_steps": 0, "traced_sec": 0.0}, 0
         while done < num_steps - 1:
             ran, totals = self._lean_call(num_steps - 1 - done, totals, traced)
@@ -214,7 +227,7 @@ class SyncUpdate(Updater):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)
         # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`).
-        trainable = self._layout.fanout(spread.read_values(self.model.trainable_variables), self._owners[0])
+        trainable = self.mirrors.fanout(spread.read_values(self.model.trainable_variables))
         non_trainable = self._layout.fanout(spread.read_values(self.model.non_trainable_variables), self._owners[1])
         results, tower_sec = self._run_towers(
             feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
@@ -250,9 +263,19 @@ class SyncUpdate(Updater):
         return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
     def _apply(self, results, loss_scale, old_state):
-        loss, correct, grads, new_state = tw.combine(results, self._seed_flags, old_state, self._owners, self._layout)
+        loss, correct, grads, new_state, replica_grads = tw.combine(
+            results, self._seed_flags, old_state, self._owners, self.mirrors
+        )
         applied = tw.apply_update(
-            self.model, self.optimizer, self.global_step, loss, grads, new_state, loss_scale, self.clip_global_norm
+            self.model,
+            self.optimizer,
+            self.global_step,
+            loss,
+            grads,
+            new_state,
+            loss_scale,
+            self.clip_global_norm,
+            also=lambda clip: self.mirrors.apply(replica_grads, clip),
         )
         bad = tw.first_non_finite([r.loss for r in results])
         return {"loss": loss, "correct": correct, "bad_micro_batch": bad, **applied}

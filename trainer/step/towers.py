@@ -102,38 +102,55 @@ def micro_batch_fn(model, jit_compile: bool = False):
     return run
 
 
-def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, owners, layout: tree.Layout):
+def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, owners, mirrors):
     """Reduces per-micro-batch results along the fixed tree (`trainer.step.tree`).
 
     Each variable's gradients and new values are summed on its owner, or, for a subtree one task holds, on
-    that task's twin of the owner, so only one partial sum per subtree crosses between tasks.
+    that task's twin of the owner, so only one partial sum per subtree crosses between tasks. A mirrored
+    variable's gradient is all-reduced instead, a copy on every task (`trainer.step.mirrors`).
 
     Args:
       old_state: per task, the non-trainable values its micro-batches started from (`Layout.fanout`).
       owners: (devices of the trainable variables, devices of the non-trainable variables, the device of
         the loss and accuracy sums).
-      layout: which task holds each micro-batch.
+      mirrors: the run's `trainer.step.mirrors.Mirrors` (its `layout`: which task holds each micro-batch).
 
     Returns:
-      (mean loss, total correct, mean gradients, new non-trainable values or None for seed states).
+      (mean loss, total correct, mean gradients, new non-trainable values or None for seed states, and per
+      task {index: mean gradient} of the mirrored variables' replicas there).
     """
-    k = len(results)
+    k, layout = len(results), mirrors.layout
     scalars = layout.placer(owners[2])
     loss_sum = tree.tree_sum([r.loss for r in results], scalars)
     correct = tree.tree_sum([r.correct for r in results], scalars)
     with tf.device(owners[2]):
         loss = loss_sum / k
-    grads = []
-    for device, g in zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True):
-        total = tree.tree_sum(list(g), layout.placer(device))
-        with tf.device(device):
-            grads.append(total / tf.cast(k, total.dtype))
+    grads, replica_grads = [], {task: {} for task in range(layout.num_tasks)}
+    for i, (device, g) in enumerate(zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True)):
+        if i not in mirrors.homes:
+            total = tree.tree_sum(list(g), layout.placer(device))
+            with tf.device(device):
+                grads.append(total / tf.cast(k, total.dtype))
+            continue
+        means = _all_reduced_means(mirrors, i, list(g), device)
+        grads.append(means.pop(layout.task_of_device(device)))
+        for task, mean in means.items():
+            replica_grads[task][i] = mean
     new_state = []
     for i, (seed_flag, device) in enumerate(zip(seed_flags, owners[1], strict=True)):
         values = [r.non_trainable[i] for r in results]
         old = [task_state[i] for task_state in old_state]
         new_state.append(None if seed_flag else _combine_state(values, old, device, layout))
-    return loss, correct, grads, new_state
+    return loss, correct, grads, new_state, replica_grads
+
+
+def _all_reduced_means(mirrors, index: int, leaves: list, home: str) -> dict:
+    """Per task, the mean of mirrored variable `index`'s gradients `leaves`, on the task's twin of `home`."""
+    means = {}
+    for task, total in mirrors.all_reduce(index, leaves).items():
+        with tf.device(mirrors.layout.twin(home, task)):
+            means[task] = total / tf.cast(len(leaves), total.dtype)
+    return means
 
 
 def _combine_state(values: list[tf.Tensor], old: list[tf.Tensor], owner: str, layout: tree.Layout):
@@ -154,7 +171,9 @@ def _combine_state(values: list[tf.Tensor], old: list[tf.Tensor], owner: str, la
         return tf.where(unchanged, old[layout.task_of_device(owner)], total / tf.cast(len(values), total.dtype))
 
 
-def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_scale, clip_global_norm: float) -> dict:
+def apply_update(
+    model, optimizer, global_step, loss, grads, new_state, loss_scale, clip_global_norm: float, also=None
+) -> dict:
     """One optimizer update of the shared variables (call under the parameter device); shared by the modes.
 
     A non-finite loss or gradient is never applied (without fp16 loss scaling, whose optimizer skips such
@@ -167,6 +186,8 @@ def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_sca
       new_state: new values of the non-trainable variables; None leaves one as it is.
       loss_scale: the fp16 loss scale the gradients carry, or None.
       clip_global_norm: clip the true (unscaled) gradient to this global norm; 0 turns clipping off.
+      also: called with the clipping (list of gradients -> list, the identity when off) inside the update,
+        after the optimizer's: the mirrored variables' replicas update there (`trainer.step.mirrors`).
 
     Returns:
       {"step": step after the update, "finite", "learning_rate", "grad_norm" (unscaled, before clipping),
@@ -174,9 +195,14 @@ def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_sca
     """
     scaled_norm = tf.linalg.global_norm(grads)
     scale = 1.0 if loss_scale is None else tf.cast(loss_scale, scaled_norm.dtype)
-    if clip_global_norm:
+
+    def clip(tensors: list) -> list:
+        if not clip_global_norm:
+            return tensors
         # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
-        grads, _ = tf.clip_by_global_norm(grads, clip_global_norm * scale, use_norm=scaled_norm)
+        return tf.clip_by_global_norm(tensors, clip_global_norm * scale, use_norm=scaled_norm)[0]
+
+    grads = clip(grads)
     learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
 
     def update():
@@ -185,6 +211,8 @@ def apply_update(model, optimizer, global_step, loss, grads, new_state, loss_sca
             if value is not None:
                 with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
                     variable.assign(value)
+        if also is not None:
+            also(clip)
         return global_step.assign_add(1)
 
     if loss_scale is None:

@@ -140,21 +140,45 @@ class Layout:
                 return self.towers[task * per_task + i]
         return self.hosts[task]
 
-    def fanout(self, values: Sequence, owners: Sequence[str]) -> list[list]:
-        """Per task, the values its towers read: the value itself on its owner's task, elsewhere one copy on
-        the task's twin of the owner (one transfer per task, which the task's towers then share)."""
+    def fanout(self, values: Sequence, owners: Sequence[str], local: dict | None = None) -> list[list]:
+        """Per task, the values its towers read: the value itself on its owner's task, `local[(task, i)]` where
+        the task has its own copy of value i (`trainer.step.mirrors`), elsewhere one copy on the task's twin
+        of the owner (one transfer per task, which the task's towers then share)."""
         if self.num_tasks == 1:
             return [list(values)]
+        local = local or {}
         out = []
         for task in range(self.num_tasks):
             copies = []
-            for value, owner in zip(values, owners, strict=True):
+            for i, (value, owner) in enumerate(zip(values, owners, strict=True)):
                 if self.task_of_device(owner) == task:
                     copies.append(value)
+                elif (task, i) in local:
+                    copies.append(local[(task, i)])
                 else:
                     with tf.device(self.twin(owner, task)):
                         copies.append(tf.identity(value))
             out.append(copies)
+        return out
+
+    def all_reduce(self, leaves: Sequence, home: str) -> dict[int, tf.Tensor]:
+        """Each task's copy (on its twin of `home`) of the tree sum of `leaves`, one per micro-batch: the
+        flattened leaves cut into one contiguous piece per task, piece i summed along the tree on task i's twin
+        (reduce-scatter: the subtrees a task holds summed there first, as `placer` places them), then every
+        task gathering the summed pieces (all-gather). Each element is the same sum, in the same order, as a
+        `tree_sum` of the whole leaves."""
+        shape, size, m = leaves[0].shape, leaves[0].shape.num_elements(), self.num_tasks
+        widths = [(i + 1) * size // m - i * size // m for i in range(m)]
+        twins = [self.twin(home, task) for task in range(m)]
+        pieces = []
+        for j, leaf in enumerate(leaves):
+            with tf.device(self.towers[j * len(self.towers) // self.num_micro_batches]):  # the micro-batch's tower
+                pieces.append(tf.split(tf.reshape(leaf, [-1]), widths))
+        summed = [tree_sum([p[i] for p in pieces], self.placer(twins[i])) for i in range(m)]
+        out = {}
+        for task in range(m):
+            with tf.device(twins[task]):
+                out[task] = tf.reshape(tf.concat([tf.identity(piece) for piece in summed], 0), shape)
         return out
 
     def placer(self, owner: str) -> Callable[[int, int], str]:
