@@ -132,3 +132,15 @@ def slurm_task_pid(job_id: int, task: int) -> int:
 def metrics(model_dir) -> dict:
     with open(os.path.join(str(model_dir), "metrics.json")) as f:
         return json.load(f)
+
+
+def grouped_placement(num_tasks: int, towers_per_task: int, placement_name: str):
+    """Tasks stood in for by groups of local logical devices, in one process: task t's towers are CPU:t*T ..
+    CPU:t*T+T-1 and its CPU is its first tower's device, as on a CPU machine. Variables on the first tower
+    or, `spread`, over every tower. Returns (towers, the host of each tower, the `Placement`)."""
+    from trainer.system import devices
+
+    towers = tuple(f"/device:CPU:{i}" for i in range(num_tasks * towers_per_task))
+    hosts = tuple(towers[t * towers_per_task] for t in range(num_tasks) for _ in range(towers_per_task))
+    spread_over = towers if placement_name == "spread" else ()
+    return towers, hosts, devices.Placement(towers, towers[0], towers[0], spread_over, hosts, num_tasks)

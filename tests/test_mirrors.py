@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
 from trainer.step import mirrors, spread
 from trainer.step.sync import SyncUpdate
-from trainer.system import determinism, devices
+from trainer.system import determinism
 
 pytestmark = pytest.mark.quick
 
@@ -31,10 +32,7 @@ def _build(num_tasks: int, towers_per_task: int, placement_name: str, optimizer_
     mirrored on 2 and more tasks under spread), K = 4 micro-batches of 4 examples, each stream from its
     `skip`-th micro-batch on."""
     n = num_tasks * towers_per_task
-    towers = tuple(f"/device:CPU:{i}" for i in range(n))
-    hosts = tuple(towers[t * towers_per_task] for t in range(num_tasks) for _ in range(towers_per_task))
-    spread_over = towers if placement_name == "spread" else ()
-    placement = devices.Placement(towers, towers[0], towers[0], spread_over, hosts, num_tasks)
+    towers, hosts, placement = grouped_placement(num_tasks, towers_per_task, placement_name)
 
     def build_fn():
         layers = [keras.layers.Dense(64), keras.layers.Dense(8), keras.layers.Dense(3)]
@@ -43,7 +41,7 @@ def _build(num_tasks: int, towers_per_task: int, placement_name: str, optimizer_
     determinism.configure(0, True)  # as every run's build does: no rewrite of the sums by grappler
     with tf.device(placement.parameter_device):
         reseed = lambda: keras.utils.set_random_seed(0)  # noqa: E731
-        model = spread.build_spread(build_fn, towers, reseed) if spread_over else build_fn()
+        model = spread.build_spread(build_fn, towers, reseed) if placement.spread_over else build_fn()
         step = tf.Variable(0, dtype=tf.int64)
 
         def make_optimizer():

@@ -5,10 +5,10 @@ import keras
 import pytest
 import tensorflow as tf
 
+from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
 from trainer.step import spread, traffic, tree
 from trainer.step.sync import SyncUpdate
-from trainer.system import devices
 
 pytestmark = pytest.mark.quick
 
@@ -85,16 +85,13 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mi
     towers are logical devices CPU:t*T .. CPU:t*T+T-1 (some need not exist: the step is traced, not run) and
     its CPU is its first tower's device, as on a CPU machine. Variables live on task 0 or, spread, on towers."""
     n = num_tasks * towers_per_task
-    towers = tuple(f"/device:CPU:{i}" for i in range(n))
-    hosts = tuple(towers[t * towers_per_task] for t in range(num_tasks) for _ in range(towers_per_task))
-    spread_over = towers if placement_name == "spread" else ()
-    placement = devices.Placement(towers, towers[0], towers[0], spread_over, hosts, num_tasks)
+    towers, hosts, placement = grouped_placement(num_tasks, towers_per_task, placement_name)
 
     def build_fn():
         return keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(3)])
 
     with tf.device(placement.parameter_device):
-        if spread_over:
+        if placement.spread_over:
             model = spread.build_spread(build_fn, towers, reseed=lambda: keras.utils.set_random_seed(0))
         else:
             model = build_fn()
