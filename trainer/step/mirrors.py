@@ -103,7 +103,10 @@ class Mirrors:
     def fanout(self, values):
         """Per task, the values its towers read (`Layout.fanout`): a mirrored variable's own copy on each task."""
         owners = [spread.device_of(v) for v in self._variables]
-        local = {(t, i): r.value for t, replicas in self.replicas.items() for i, r in replicas.items()}
+        local = {}
+        for task, replicas in self.replicas.items():  # read as `spread.read_values` reads (a tensor, for XLA)
+            values_read = spread.read_values(replicas.values())
+            local.update({(task, i): value for i, value in zip(replicas, values_read, strict=True)})
         return self.layout.fanout(values, owners, local)
 
     def all_reduce(self, index: int, leaves: list) -> dict[int, tf.Tensor]:
