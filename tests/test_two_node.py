@@ -81,8 +81,10 @@ def test_cut_takes_a_nodes_link_down_for_that_long_only(two_node_slurm):
     outage = threading.Thread(target=two_node_slurm.cut, args=("tfn2", 3.0))
     started = time.monotonic()
     outage.start()
-    time.sleep(0.5)
-    assert " DOWN " in two_node_lib.NET.link(2) and not _tfn1_reaches_tfn2_slurmd()
+    while " DOWN " not in two_node_lib.NET.link(2):  # `ip` runs in the thread: late on a loaded machine
+        assert time.monotonic() - started < 2.5, two_node_lib.NET.link(2)
+        time.sleep(0.05)
+    assert not _tfn1_reaches_tfn2_slurmd()
     outage.join()
     assert 3.0 <= time.monotonic() - started < 10
     assert " UP " in two_node_lib.NET.link(2) and _tfn1_reaches_tfn2_slurmd()
@@ -123,7 +125,8 @@ def test_a_network_outage_shorter_than_the_peer_timeout_is_ridden_out(two_node_s
     job_id = _submit_and_cut(two_node_slurm, model_dir, 10.0)
     info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=240)
     log = _log_of(model_dir, job_id)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), log[-3000:]
+    first_attempt = log.split(f"=== towerflow: job {job_id} restart 1 on ")[0]  # how it ended, if it did
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), first_attempt[-3000:]
     assert not re.search(r"^\d: error", log, re.MULTILINE), log[-3000:]
     result = metrics(model_dir)
     assert [a["outcome"] for a in result["attempts"]] == ["finished"]
