@@ -127,7 +127,7 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, inputs:
 
     if not placement.spread_over:
         return build_fn()
-    loss_scaled = config.towers.mixed_precision == "fp16"  # `optim.with_precision`: a LossScaleOptimizer
+    loss_scaled = optim.loss_scaled(config.towers.mixed_precision)
 
     def later(model):  # the variables that will be mirrored are assigned after the others (`spread.assign`)
         return mirrors.flags(model, placement.num_tasks, placement.spread_over, loss_scaled)

@@ -100,9 +100,9 @@ class Mirrors:
         with tf.device(device):
             return keras.Variable(value, name=f"{_prefix(variable)}_task{task}", dtype=variable.dtype)
 
-    def fanout(self, values):
-        """Per task, the values its towers read (`Layout.fanout`): a mirrored variable's own copy on each task."""
-        owners = [spread.device_of(v) for v in self._variables]
+    def fanout(self, values, owners):
+        """Per task, the values its towers read (`Layout.fanout` of `values` on their `owners`): a mirrored
+        variable's own copy on each task."""
         local = {}
         for task, replicas in self.replicas.items():  # read as `spread.read_values` reads (a tensor, for XLA)
             values_read = spread.read_values(replicas.values())

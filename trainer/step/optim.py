@@ -79,6 +79,11 @@ def make_optimizer(
     return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay)
 
 
+def loss_scaled(mixed_precision: str) -> bool:
+    """Whether `--mixed_precision` scales the loss: fp16 does, with a `LossScaleOptimizer` (`with_precision`)."""
+    return mixed_precision == "fp16"
+
+
 def with_precision(optimizer: keras.optimizers.Optimizer, mixed_precision: str) -> keras.optimizers.Optimizer:
-    """`optimizer` as `--mixed_precision` needs it: fp16 scales the loss (a `LossScaleOptimizer`), else as is."""
-    return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_precision == "fp16" else optimizer
+    """`optimizer` as `--mixed_precision` needs it: a `LossScaleOptimizer` when `loss_scaled`, else as is."""
+    return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaled(mixed_precision) else optimizer

@@ -227,7 +227,7 @@ class SyncUpdate(Updater):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)
         # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`).
-        trainable = self.mirrors.fanout(spread.read_values(self.model.trainable_variables))
+        trainable = self.mirrors.fanout(spread.read_values(self.model.trainable_variables), self._owners[0])
         non_trainable = self._layout.fanout(spread.read_values(self.model.non_trainable_variables), self._owners[1])
         results, tower_sec = self._run_towers(
             feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
