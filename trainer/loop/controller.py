@@ -76,7 +76,7 @@ class Loop:
       extra_scalars: returns more train scalars to log at every log step (e.g. the bad-record count).
       live_progress: draw a live progress line on stdout (`trainer.outputs.progress`); None: when it is a terminal.
       stall: a `trainer.system.stall.StallWatch` that watches every window of steps (several tasks), or None.
-      num_tasks: the tasks the towers are on: a task slower than the others is named (`progress.straggler`).
+      num_tasks: the tasks the towers are on: a task slower than the others is named (`progress.Stragglers`).
 
     The first window of every start is one step long and logged, so the console shows the first step (and
     how long its graph tracing took) at once; train scalars are defined in `trainer.outputs.progress`.
@@ -121,6 +121,7 @@ class Loop:
         self.interval = progress_lib.LogInterval()  # the steps since the previous log line
         self.stall = stall
         self.num_tasks = num_tasks
+        self._slow_live, self._slow_logged = progress_lib.Stragglers(num_tasks), progress_lib.Stragglers(num_tasks)
         self._windows = 0  # windows run since this start
         self.progress = None
         if progress_lib.live_progress() if live_progress is None else live_progress:
@@ -212,7 +213,7 @@ class Loop:
         # The first window of a start holds warm-up the mode cannot time: no rate from it.
         self.interval.add(n, result.scalars(), seconds, *(rate if self._windows > 1 else (0, 0.0)))
         if self.progress is not None:
-            self.progress.note = progress_lib.straggler(result.tower_step_sec, self.num_tasks) or ""
+            self.progress.note = self._slow_live(result.tower_step_sec) or ""
         if result.staleness:
             self.interval.staleness.extend(result.staleness)
             self.summaries.staleness(step + n, result.staleness)
@@ -260,7 +261,7 @@ class Loop:
         else:
             eta = (self.config.train_steps - step) * self.examples_per_step / rate
             speed = f"{rate:,.0f} ex/s  eta {progress_lib.format_duration(eta)}"
-            slow = progress_lib.straggler(scalars["tower_step_sec"], self.num_tasks)
+            slow = self._slow_logged(scalars["tower_step_sec"])
             speed += f"  ({slow})" if slow else ""
         self.interval.reset()
         self._clear_progress()

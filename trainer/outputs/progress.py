@@ -13,7 +13,7 @@ two log lines and each logged value is over exactly those steps:
 - `tower_step_sec/<tower>`: each tower's time on its micro-batches of one step, averaged over the windows
   (sync mode times the last step of each window, as timing every step costs a host callback per tower;
   async times every update). With several tasks, a task whose slowest tower takes `STRAGGLER_RATIO` times
-  the others' (their median) is named on the log line and the live line (`straggler`).
+  the others' (their median) at two looks running is named on the log line and the live line (`Stragglers`).
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ STRAGGLER_RATIO = 1.5
 def straggler(tower_sec: list[float], num_tasks: int) -> str | None:
     """Names the task whose step takes `STRAGGLER_RATIO` times the other tasks' or more (a task's time: its
     slowest tower's; the others': their median), from one time per tower (task-major); None when none is."""
+    found = _slowest(tower_sec, num_tasks)
+    return found and found[1]
+
+
+def _slowest(tower_sec: list[float], num_tasks: int) -> tuple[int, str] | None:
+    """(task, `straggler`'s text) of the task `straggler` names, or None."""
     if num_tasks < 2 or len(tower_sec) < num_tasks:
         return None
     per_task = len(tower_sec) // num_tasks
@@ -90,7 +96,22 @@ def straggler(tower_sec: list[float], num_tasks: int) -> str | None:
     typical = others[len(others) // 2]
     if typical <= 0 or task_sec[slowest] < STRAGGLER_RATIO * typical:
         return None
-    return f"task {slowest} is slow: {task_sec[slowest]:.3g} s a step, the other tasks {typical:.3g} s"
+    return slowest, f"task {slowest} is slow: {task_sec[slowest]:.3g} s a step, the other tasks {typical:.3g} s"
+
+
+class Stragglers:
+    """`straggler` at successive looks, naming a task only when it was the slow one at the previous look too:
+    one look's times (sync times the last step of a window) cross the ratio by chance on tiny steps beside a
+    busy neighbour; a slow node stays slow."""
+
+    def __init__(self, num_tasks: int):
+        self.num_tasks = num_tasks
+        self._previous = None
+
+    def __call__(self, tower_sec: list[float]) -> str | None:
+        found = _slowest(tower_sec, self.num_tasks)
+        previous, self._previous = self._previous, found and found[0]
+        return found[1] if found and found[0] == previous else None
 
 
 class ProgressLine:
