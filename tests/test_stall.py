@@ -125,4 +125,5 @@ def test_a_task_is_named_only_when_it_was_the_slow_one_at_the_previous_look_too(
     named = [watch(t) for t in (slow1, slow1, slow0, slow1, even, slow1, slow1, slow1, [])]
     one = "task 1 is slow: 0.3 s a step, the other tasks 0.1 s"
     assert named == [None, one, None, None, None, None, one, one, None]
+    assert [watch(t) for t in (slow0, slow0)] == [None, "task 0 is slow: 0.3 s a step, the other tasks 0.1 s"]
     assert Stragglers(1)([0.1, 0.9]) is None

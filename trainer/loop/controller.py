@@ -120,7 +120,6 @@ class Loop:
         self.training_since: float | None = None  # time.monotonic() when run() began
         self.interval = progress_lib.LogInterval()  # the steps since the previous log line
         self.stall = stall
-        self.num_tasks = num_tasks
         self._slow_live, self._slow_logged = progress_lib.Stragglers(num_tasks), progress_lib.Stragglers(num_tasks)
         self._windows = 0  # windows run since this start
         self.progress = None

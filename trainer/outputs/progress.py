@@ -110,7 +110,7 @@ class Stragglers:
 
     def __call__(self, tower_sec: list[float]) -> str | None:
         found = _slowest(tower_sec, self.num_tasks)
-        previous, self._previous = self._previous, found and found[0]
+        previous, self._previous = self._previous, None if found is None else found[0]
         return found[1] if found and found[0] == previous else None
 
 
