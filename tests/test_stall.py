@@ -114,7 +114,8 @@ def test_a_stall_while_a_peer_is_silent_is_left_to_the_peer_watch_which_names_it
     ],
 )
 def test_a_task_slower_than_the_others_by_the_margin_is_named(tower_sec, num_tasks, named):
-    assert straggler(tower_sec, num_tasks) == named
+    found = straggler(tower_sec, num_tasks)
+    assert (found and found[1]) == named
 
 
 def test_a_task_is_named_only_when_it_was_the_slow_one_at_the_previous_look_too():

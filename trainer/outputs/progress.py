@@ -78,15 +78,10 @@ class LogInterval:
 STRAGGLER_RATIO = 1.5
 
 
-def straggler(tower_sec: list[float], num_tasks: int) -> str | None:
-    """Names the task whose step takes `STRAGGLER_RATIO` times the other tasks' or more (a task's time: its
-    slowest tower's; the others': their median), from one time per tower (task-major); None when none is."""
-    found = _slowest(tower_sec, num_tasks)
-    return found and found[1]
-
-
-def _slowest(tower_sec: list[float], num_tasks: int) -> tuple[int, str] | None:
-    """(task, `straggler`'s text) of the task `straggler` names, or None."""
+def straggler(tower_sec: list[float], num_tasks: int) -> tuple[int, str] | None:
+    """(task, what to print) of the task whose step takes `STRAGGLER_RATIO` times the other tasks' or more (a
+    task's time: its slowest tower's; the others': their median), from one time per tower (task-major); None
+    when none is. One look: `Stragglers` names a task from two."""
     if num_tasks < 2 or len(tower_sec) < num_tasks:
         return None
     per_task = len(tower_sec) // num_tasks
@@ -109,7 +104,7 @@ class Stragglers:
         self._previous = None
 
     def __call__(self, tower_sec: list[float]) -> str | None:
-        found = _slowest(tower_sec, self.num_tasks)
+        found = straggler(tower_sec, self.num_tasks)
         previous, self._previous = self._previous, None if found is None else found[0]
         return found[1] if found and found[0] == previous else None
 
