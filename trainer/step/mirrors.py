@@ -29,7 +29,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step import spread
+from trainer.step import fused, spread
 
 # A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
 SHARE = 4
@@ -118,7 +118,7 @@ class Mirrors:
         for task, optimizer in self.optimizers.items():
             replicas = self.replicas[task]
             grads = clip([replica_grads[task][i] for i in replicas])
-            optimizer.apply_gradients(zip(grads, replicas.values(), strict=True))
+            fused.apply_gradients(optimizer, grads, list(replicas.values()))
 
     def sync(self) -> None:
         """Sets every replica and its optimizer's state from the model's variable and the run's optimizer (before

@@ -14,7 +14,7 @@ import functools
 import keras
 import tensorflow as tf
 
-from trainer.step import tree
+from trainer.step import fused, tree
 
 # Room for this many random draws per layer per micro-batch before two micro-batches' seeds could overlap.
 _DRAWS_PER_MICRO_BATCH = 1024
@@ -124,13 +124,13 @@ def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, 
     loss_sum = tree.tree_sum([r.loss for r in results], scalars)
     correct = tree.tree_sum([r.correct for r in results], scalars)
     with tf.device(owners[2]):
-        loss = loss_sum / k
+        loss = _mean(loss_sum, k)
     grads, replica_grads = [], {task: {} for task in range(layout.num_tasks)}
     for i, (device, g) in enumerate(zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True)):
         if i not in mirrors.homes:
             total = tree.tree_sum(list(g), layout.placer(device))
             with tf.device(device):
-                grads.append(total / tf.cast(k, total.dtype))
+                grads.append(_mean(total, k))
             continue
         means = _all_reduced_means(mirrors, i, list(g), device)
         grads.append(means.pop(layout.task_of_device(device)))
@@ -149,7 +149,7 @@ def _all_reduced_means(mirrors, index: int, leaves: list, home: str) -> dict:
     means = {}
     for task, total in mirrors.all_reduce(index, leaves).items():
         with tf.device(mirrors.layout.twin(home, task)):
-            means[task] = total / tf.cast(len(leaves), total.dtype)
+            means[task] = _mean(total, len(leaves))
     return means
 
 
@@ -168,7 +168,13 @@ def _combine_state(values: list[tf.Tensor], old: list[tf.Tensor], owner: str, la
             leaves.append((value, tf.equal(value, old[layout.task_of_micro_batch(j)])))
     total, unchanged = tree.reduce(leaves, lambda a, b: (a[0] + b[0], tf.logical_and(a[1], b[1])), place)
     with tf.device(owner):
-        return tf.where(unchanged, old[layout.task_of_device(owner)], total / tf.cast(len(values), total.dtype))
+        return tf.where(unchanged, old[layout.task_of_device(owner)], _mean(total, len(values)))
+
+
+def _mean(total: tf.Tensor, count: int) -> tf.Tensor:
+    """`total / count`; for one micro-batch `total` itself, which is the same bits (x / 1 == x exactly) without
+    the divide op on every variable of every step."""
+    return total if count == 1 else total / tf.cast(count, total.dtype)
 
 
 def apply_update(
@@ -206,7 +212,7 @@ def apply_update(
     learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
 
     def update():
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        fused.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
         for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
             if value is not None:
                 with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
@@ -232,7 +238,8 @@ def apply_update(
 def first_non_finite(losses) -> tf.Tensor:
     """Index of the first non-finite loss in micro-batch order, -1 if all are finite."""
     bad = tf.logical_not(tf.math.is_finite(tf.stack(losses)))
-    return tf.cond(tf.reduce_any(bad), lambda: tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32), lambda: -1)
+    # A select, not a cond: both sides are a few scalar ops, and a cond's switches cost more on every step.
+    return tf.where(tf.reduce_any(bad), tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32), -1)
 
 
 def all_finite(variables) -> bool:
