@@ -51,6 +51,7 @@ def _schedule():
     return rate
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("momentum", [0.0, 0.9, 0.6])
 def test_fused_sgd_is_keras_bit_for_bit(momentum):
     make = lambda: keras.optimizers.SGD(_schedule(), momentum=momentum)  # noqa: E731
