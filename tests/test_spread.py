@@ -156,7 +156,7 @@ def test_traffic_matches_a_hand_count():
     assert gpu.unknown_edges == 0
     # Spread: CPU:0 owns the 6x5 kernel (120 B), CPU:1 the other three (92 B); greedy by bytes in order.
     # CPU:0 sends its kernel to tower 1 (120), tower 0's gradients of CPU:1's variables (92), and the learning
-    # rate once for the three updates on CPU:1 (4: `trainer.step.fused` casts it once per device). CPU:1 sends
+    # rate once for the three updates on CPU:1 (4: `trainer.step.fused` reads one copy per device). CPU:1 sends
     # its values to tower 0 (92), tower 1's kernel gradient (120), loss and count (8), and its variables'
     # squared norms for the global norm (3 x 4).
     spread_ = _dense_step_traffic("spread")
