@@ -36,7 +36,7 @@ def _loops(towers: int, updates: int) -> dict:
     records = records_lib.ensure_records(setting)
     sync = TowerflowSide(Side("towerflow", towers), setting, records, tempfile.mkdtemp(prefix="towerflow-async-"))
     side = TowerflowSide(Side("towerflow", towers, update_mode="async"), setting, records, tempfile.mkdtemp())
-    mode = side.mode
+    mode = side.updater
 
     @tf.function
     def compute_only(n):

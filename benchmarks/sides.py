@@ -46,7 +46,8 @@ def run_config(side: Side, setting: Setting, records: dict, model_dir: str) -> R
 
 
 class TowerflowSide:
-    """A built towerflow Trainer, stepped through `trainer.mode.train_steps` as `trainer.loop.controller.Loop` does."""
+    """A built towerflow Trainer, stepped through `trainer.updater.train_steps` as `trainer.loop.controller.Loop`
+    does."""
 
     def __init__(self, side: Side, setting: Setting, records: dict, model_dir: str):
         config = run_config(side, setting, records, model_dir)
@@ -55,18 +56,20 @@ class TowerflowSide:
             # every input stream (one per micro-batch index in sync, per tower in async) reads micro-batches
             dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
         self.trainer = build(config, train_dataset=dataset)
-        self.mode = self.trainer.mode
+        self.updater = self.trainer.updater
         if side.slow_factor > 1:
-            slow_tower.install(self.mode, side.towers - 1, side.slow_factor)
-        per_update = self.mode.examples_per_step
+            slow_tower.install(self.updater, side.towers - 1, side.slow_factor)
+        per_update = self.updater.examples_per_step
         self.updates_per_step = setting.global_batch_size // per_update
         self.examples_per_update = per_update
         self.summaries = Summaries(model_dir) if side.histogram_every_steps else None
         self.progress = None
         if side.live_progress:  # as the loop draws it on a terminal, into /dev/null
-            latest = lambda: self.mode.latest_loss  # noqa: E731
+            latest = lambda: self.updater.latest_loss  # noqa: E731
             self._devnull = open(os.devnull, "w")  # noqa: SIM115 (closed in close())
-            self.progress = ProgressLine(self._devnull, 10**9, setting.global_batch_size, self.mode.global_step, latest)
+            self.progress = ProgressLine(
+                self._devnull, 10**9, setting.global_batch_size, self.updater.global_step, latest
+            )
         variables = self.trainer.model.trainable_variables
         self.histogram_args = (variable_tags(variables), variables)
 
@@ -75,18 +78,18 @@ class TowerflowSide:
         start = time.perf_counter()
         should_stop = None
         if self.progress is not None:
-            self.progress.window_started(int(self.mode.global_step.numpy()))
+            self.progress.window_started(int(self.updater.global_step.numpy()))
             should_stop = self._tick
         # The result holds host values: the window's last step has run, as for the loop.
-        result = self.mode.train_steps(updates, want_gradients=self.summaries is not None, should_stop=should_stop)
+        result = self.updater.train_steps(updates, want_gradients=self.summaries is not None, should_stop=should_stop)
         if self.summaries is not None:
-            step = int(self.mode.global_step.numpy())
+            step = int(self.updater.global_step.numpy())
             self.summaries.histograms(step, self.histogram_args[0], result.gradients, self.histogram_args[1])
         return time.perf_counter() - start, updates * self.examples_per_update
 
     def stats(self) -> dict:
         """Staleness over every update this side ran (async only), as metrics.json reports it."""
-        staleness = self.mode.staleness_all
+        staleness = self.updater.staleness_all
         if not staleness:
             return {}
         return {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
@@ -98,7 +101,7 @@ class TowerflowSide:
     def close(self) -> None:
         if self.progress is not None:
             self._devnull.close()
-        self.mode.close()  # the async mode stops its tower threads
+        self.updater.close()  # the async mode stops its tower threads
         if self.summaries is not None:
             self.summaries.close()
 

@@ -54,7 +54,7 @@ def _loops(steps: int) -> dict:
         config = run_config(Side("towerflow"), setting, records, tempfile.mkdtemp(prefix="towerflow-overhead-"))
         config = dataclasses.replace(config, loop=dataclasses.replace(config.loop, steps_per_call=steps_per_call))
         dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
-        mode = build(config, train_dataset=dataset).mode
+        mode = build(config, train_dataset=dataset).updater
         loops[name] = lambda mode=mode: timed(lambda: mode.train_steps(steps).loss)
     return loops
 

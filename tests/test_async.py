@@ -76,7 +76,7 @@ def test_max_staleness_bounds_every_update(make_config):
 
 def test_a_failing_tower_ends_the_run_with_its_number(make_config):
     trainer = build(_async(make_config, num_towers=2))
-    healthy = trainer.mode._tower_calls[1]
+    healthy = trainer.updater._tower_calls[1]
     calls = []
 
     def broken(tickets):
@@ -85,12 +85,12 @@ def test_a_failing_tower_ends_the_run_with_its_number(make_config):
             raise tf.errors.InvalidArgumentError(None, None, "corrupt record")
         return healthy(tickets)
 
-    trainer.mode._tower_calls[1] = broken
+    trainer.updater._tower_calls[1] = broken
     try:
         with pytest.raises(TowerFailed, match=r"tower 1 failed: InvalidArgumentError: corrupt record"):
-            trainer.mode.train_steps(1000)
+            trainer.updater.train_steps(1000)
     finally:
-        trainer.mode.close()
+        trainer.updater.close()
     assert all(not t.is_alive() for t in threading.enumerate() if t.name.startswith("tower-"))
 
 

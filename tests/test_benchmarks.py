@@ -74,10 +74,10 @@ def test_a_slowed_tower_sleeps_once_per_micro_batch_of_that_tower(make_config, m
     from trainer.loop.build import build
 
     trainer = build(make_config(towers={"micro_batches": 4}))  # sync: 2 micro-batches per tower per step
-    slow_tower.install(trainer.mode, 1, 1.5)
+    slow_tower.install(trainer.updater, 1, 1.5)
     slept = []
     monkeypatch.setattr(slow_tower.time, "sleep", slept.append)
-    trainer.mode.train_steps(3)
+    trainer.updater.train_steps(3)
     assert len(slept) == 3 * 2 and all(seconds > 0 for seconds in slept)
 
 
@@ -89,8 +89,8 @@ def test_a_slowed_tower_changes_no_bit(make_config):
     def trained(factor: float) -> str:
         trainer = build(make_config())  # sync, deterministic, 2 towers
         if factor:
-            slow_tower.install(trainer.mode, 1, factor)
-        trainer.mode.train_steps(4)
+            slow_tower.install(trainer.updater, 1, factor)
+        trainer.updater.train_steps(4)
         return report.weights_sha256(trainer.model.variables)
 
     assert trained(0.0) == trained(1.5)

@@ -247,7 +247,7 @@ def test_the_trainer_exposes_the_count_of_skipped_records(tmp_path, make_config)
     _truncate_inside(train[1], 5)
     files = {"train_data": str(tmp_path / "t-*"), "eval_data": str(tmp_path / "e-*"), "num_classes": 2}
     state = run.build(make_config(data={**files, "max_bad_records": 1}, model={"name": "mlp"}))
-    assert state.mode.train_steps(3).steps == 3  # 192 examples: every file read at least once
+    assert state.updater.train_steps(3).steps == 3  # 192 examples: every file read at least once
     assert state.bad_records.count == 1
     assert state.bad_records.corrupt_records()[0].path == train[1]
 

@@ -62,7 +62,7 @@ def test_the_weights_are_those_before_the_bad_update(make_config, tmp_path):
     trainer = build(config)
     with pytest.raises(stop_lib.Diverged):
         for _ in range(300):
-            trainer.mode.train_steps(1)
+            trainer.updater.train_steps(1)
     step = int(trainer.global_step.numpy())
     assert step >= 1 and report.weights_sha256(trainer.model.variables)  # readable, and finite:
     assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.variables if v.dtype == "float32")

@@ -188,7 +188,7 @@ def test_both_steppers_return_a_step_result_of_host_values(make_config, update_m
     config = make_config(
         deterministic=update_mode == "sync", model={"name": "mlp"}, towers={"update_mode": update_mode}
     )
-    updater = build(config).mode
+    updater = build(config).updater
     try:
         assert isinstance(updater, Updater) and updater.latest_loss is None
         result = updater.train_steps(3, want_gradients=True)

@@ -37,7 +37,7 @@ class Trainer:
     optimizer: keras.optimizers.Optimizer
     global_step: tf.Variable
     iterators: list
-    mode: Updater  # the update mode's stepper (`trainer.step.modes`)
+    updater: Updater  # the update mode's stepper (`trainer.step.modes`)
     evaluator: Evaluator
     checkpointer: Checkpointer
     inputs: Inputs | None = None
@@ -73,7 +73,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     footprint.check_batch_fits(model, config, inputs.train.example_shape)  # before the pipeline and the graph
     iterators = train_iterators(config, placement, inputs, train_dataset, bad_records, settings)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
-    mode = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)
+    updater = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)
     positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,
@@ -92,7 +92,7 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         optimizer,
         global_step,
         iterators,
-        mode,
+        updater,
         evaluator,
         checkpointer,
         inputs,

@@ -63,7 +63,7 @@ class Loop:
     """Drives an update mode to `config.train_steps`.
 
     Args:
-      mode: the update mode's `trainer.step.updater.Updater`.
+      updater: the update mode's `trainer.step.updater.Updater`.
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.
@@ -84,7 +84,7 @@ class Loop:
 
     def __init__(
         self,
-        mode: Updater,
+        updater: Updater,
         config: LoopConfig,
         evaluator,
         checkpointer,
@@ -100,9 +100,9 @@ class Loop:
         stall=None,
         num_tasks: int = 1,
     ):
-        self.mode = mode
+        self.updater = updater
         self.config = config
-        self.examples_per_step = mode.examples_per_step
+        self.examples_per_step = updater.examples_per_step
         self.evaluator = evaluator
         self.checkpointer = checkpointer
         self.summaries = summaries
@@ -125,7 +125,7 @@ class Loop:
         self.progress = None
         if progress_lib.live_progress() if live_progress is None else live_progress:
             self.progress = progress_lib.ProgressLine(
-                sys.stdout, config.train_steps, self.examples_per_step, mode.global_step, lambda: mode.latest_loss
+                sys.stdout, config.train_steps, self.examples_per_step, updater.global_step, lambda: updater.latest_loss
             )
 
     def run(self) -> dict:
@@ -143,7 +143,7 @@ class Loop:
         self.training_since = time.monotonic()
         marks = (*(c.profile_steps or ()), step + 1)  # the first step of a start is a window of its own
         # A signal interrupts the mode's call in progress after its step, not after its last step.
-        with self.stop.notifying(self.mode.interrupt):
+        with self.stop.notifying(self.updater.interrupt):
             while step < c.train_steps:
                 self._stop_if_requested(step)
                 n = steps_to_next_event(step, c.train_steps, cadences, marks)
@@ -189,7 +189,7 @@ class Loop:
         return path
 
     def _step(self) -> int:
-        return int(self.mode.global_step.numpy())
+        return int(self.updater.global_step.numpy())
 
     def _train_window(self, step: int, n: int) -> int:
         """Runs up to `n` steps (fewer when a stop is requested); returns how many ran. A cut window's
@@ -199,7 +199,7 @@ class Loop:
             self.progress.window_started(step)
         start = time.perf_counter()
         with self.stall.window(judged=self._windows > 0) if self.stall else contextlib.nullcontext():
-            result = self.mode.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
+            result = self.updater.train_steps(n, want_gradients=want_histograms, should_stop=self._after_step)
         ran = result.steps
         seconds = time.perf_counter() - start
         self._windows += 1

@@ -161,7 +161,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         attempts.progress(step, *loop.throughput.totals())
 
     loop = Loop(
-        state.mode,
+        state.updater,
         config.loop,
         state.evaluator,
         state.checkpointer,
@@ -173,7 +173,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
         on_checkpoint=on_checkpoint,
         before_save=lambda step: _require_finite(state.model, step, "saving a checkpoint"),
         extra_scalars=lambda: {"bad_records": state.bad_records.count} if state.bad_records else {},
-        stall=stall_watch(lambda: state.mode.steps_finished) if stall_watch else None,
+        stall=stall_watch(lambda: state.updater.steps_finished) if stall_watch else None,
         num_tasks=placement.num_tasks,
     )
     try:
@@ -190,7 +190,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
             raise
         raise explained from e
     finally:
-        state.mode.close()
+        state.updater.close()
         summaries.close()
 
 

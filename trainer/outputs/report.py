@@ -115,5 +115,5 @@ def final_metrics(config, state, results: dict, examples_per_sec: float | None, 
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
         "cost_warnings": cost_warnings(config),  # settings measured slower on these devices; [] for none
     }
-    metrics.update(mode_for(t.update_mode).run_metrics(config, state.mode))  # async: staleness
+    metrics.update(mode_for(t.update_mode).run_metrics(config, state.updater))  # async: staleness
     return metrics
