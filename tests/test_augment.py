@@ -14,6 +14,7 @@ import data
 from data import augment
 from trainer.loop import inputs as inputs_lib
 from trainer.settings import config as cfg
+from trainer.settings import preprocess
 from trainer.settings.resolve import resolve
 
 
@@ -270,47 +271,48 @@ def _inputs(tmp_path, dense=False, channels=3):
 )
 def test_auto_augment_by_model(tmp_path, model, expected):
     config = cfg.RunConfig(model=cfg.ModelConfig(model))
-    assert inputs_lib.preprocessing(resolve(config), _inputs(tmp_path)) == data.Preprocess(expected)
+    assert preprocess.preprocessing(resolve(config), _inputs(tmp_path).train) == data.Preprocess(expected)
 
 
 def test_dense_records_are_not_augmented_or_normalized(tmp_path):
     inputs = _inputs(tmp_path, dense=True)
     assert (
-        inputs_lib.preprocessing(resolve(cfg.RunConfig(model=cfg.ModelConfig("resnet20"))), inputs) == data.Preprocess()
+        preprocess.preprocessing(resolve(cfg.RunConfig(model=cfg.ModelConfig("resnet20"))), inputs.train)
+        == data.Preprocess()
     )
     for flag in [{"augment": "flip"}, {"normalize": cfg.Normalization.parse("0.5,0.2")}]:
         config = cfg.RunConfig(data=cfg.DataConfig(**flag))
         with pytest.raises(cfg.ConfigError, match="dense records"):
-            inputs_lib.preprocessing(resolve(config), inputs)
-    assert not inputs_lib.use_cache(cfg.DataConfig(cache="memory"), inputs)
+            preprocess.preprocessing(resolve(config), inputs.train)
+    assert not preprocess.use_cache(cfg.DataConfig(cache="memory"), inputs.train)
 
 
 def test_normalize_values_per_channel(tmp_path):
     gray = _inputs(tmp_path, channels=1)
     config = cfg.RunConfig(data=cfg.DataConfig(normalize=cfg.Normalization.parse("0.5,0.25")))
-    assert inputs_lib.preprocessing(resolve(config), gray) == data.Preprocess("none", (0.5,), (0.25,))
+    assert preprocess.preprocessing(resolve(config), gray.train) == data.Preprocess("none", (0.5,), (0.25,))
     rgb = _inputs(tmp_path / "rgb")
-    assert inputs_lib.preprocessing(resolve(config), rgb) == data.Preprocess("none", (0.5,) * 3, (0.25,) * 3)
+    assert preprocess.preprocessing(resolve(config), rgb.train) == data.Preprocess("none", (0.5,) * 3, (0.25,) * 3)
     with pytest.raises(cfg.ConfigError, match="the images have 1 channel"):
-        inputs_lib.preprocessing(
+        preprocess.preprocessing(
             resolve(dataclasses.replace(config, data=cfg.DataConfig(normalize=cfg.Normalization.parse("imagenet")))),
-            gray,
+            gray.train,
         )
 
 
 def test_auto_cache_below_the_bound(tmp_path, monkeypatch):
     inputs = _inputs(tmp_path)
     assert data.estimated_bytes(inputs.train) == 4 * 8 * 8 * 3
-    assert inputs_lib.use_cache(cfg.DataConfig(), inputs)
-    assert not inputs_lib.use_cache(cfg.DataConfig(cache="none"), inputs)
+    assert preprocess.use_cache(cfg.DataConfig(), inputs.train)
+    assert not preprocess.use_cache(cfg.DataConfig(cache="none"), inputs.train)
     monkeypatch.setattr(data, "AUTO_CACHE_BYTES", 100)
-    assert not inputs_lib.use_cache(cfg.DataConfig(), inputs)
-    assert inputs_lib.use_cache(cfg.DataConfig(cache="memory"), inputs)
+    assert not preprocess.use_cache(cfg.DataConfig(), inputs.train)
+    assert preprocess.use_cache(cfg.DataConfig(cache="memory"), inputs.train)
 
 
 def test_data_settings_resolve_auto_and_say_why(tmp_path, monkeypatch):
     inputs = _inputs(tmp_path)  # 4 RGB 8x8 images: 768 bytes decoded
-    settings = inputs_lib.data_settings(resolve(cfg.RunConfig(model=cfg.ModelConfig("resnet20"))), inputs)
+    settings = preprocess.data_settings(resolve(cfg.RunConfig(model=cfg.ModelConfig("resnet20"))), inputs.train)
     assert (
         settings.describe("resnet20")
         == "crop_flip (auto for resnet20), normalize none, cache memory (auto: ~768 bytes decoded)"
@@ -326,16 +328,16 @@ def test_data_settings_resolve_auto_and_say_why(tmp_path, monkeypatch):
             augment="flip", normalize=cfg.Normalization.parse("0.5,0.5,0.5,0.25,0.25,0.25"), cache="none"
         )
     )
-    settings = inputs_lib.data_settings(resolve(explicit), inputs)
+    settings = preprocess.data_settings(resolve(explicit), inputs.train)
     assert settings.describe("cnn") == "flip, normalize 0.5,0.25, cache none"
     assert settings.preprocess == data.Preprocess("flip", (0.5,) * 3, (0.25,) * 3)
     monkeypatch.setattr(data, "AUTO_CACHE_BYTES", 100)
     assert (
-        inputs_lib.data_settings(resolve(cfg.RunConfig()), inputs)
+        preprocess.data_settings(resolve(cfg.RunConfig()), inputs.train)
         .describe("cnn")
         .endswith("cache none (auto: ~768 bytes decoded, over the 9.31323e-08 GiB bound)")
     )
-    dense = inputs_lib.data_settings(resolve(cfg.RunConfig()), _inputs(tmp_path / "dense", dense=True))
+    dense = preprocess.data_settings(resolve(cfg.RunConfig()), _inputs(tmp_path / "dense", dense=True).train)
     assert dense.describe("mlp") == "none (auto for mlp), normalize none, cache none (auto: dense records)"
 
 

@@ -96,13 +96,14 @@ def test_a_finished_run_rerun_is_announced_and_left_as_it_is(make_config, tmp_pa
 
 def test_extending_a_cosine_run_warns_that_the_schedule_is_stretched(make_config, tmp_path, capsys):
     from trainer.outputs import rundir
+    from trainer.step.modes import settle
 
     config = make_config(loop={"train_steps": 6, "checkpoint_every_steps": 3})
     train(config)
     (tmp_path / "run" / "flags.txt").write_text("--train_steps=6\n")  # as `python -m trainer` records it
     capsys.readouterr()
     longer = make_config(loop={"train_steps": 9, "checkpoint_every_steps": 3})
-    rundir.check_resume(longer, allow_changes=False)
+    rundir.check_resume(settle(longer), allow_changes=False)
     assert "warning: --train_steps 6 -> 9: the cosine schedule now decays to 0 at step 9" in capsys.readouterr().out
 
 

@@ -59,19 +59,19 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(make_config, tmp_path)
 def test_parameter_device_does_not_change_the_result(make_config, tmp_path, monkeypatch, parameter_device):
     """On logical CPU towers --parameter_device=gpu and =cpu both mean /device:CPU:0, so this places the
     variables on other devices explicitly: a tower's (CPU:1), and one that runs no tower (CPU:3)."""
-    resolve = devices.resolve
+    place = devices.place
 
     def placed(config):
-        return dataclasses.replace(resolve(config), parameter_device=parameter_device)
+        return dataclasses.replace(place(config), parameter_device=parameter_device)
 
-    monkeypatch.setattr(devices, "resolve", placed)
+    monkeypatch.setattr(devices, "place", placed)
     config = make_config(
         model_dir=tmp_path / "placed", towers={"num_towers": 2, "micro_batches": 4}, loop={"train_steps": 4}
     )
     trainer = build(config)
     assert {v.value.device.split("/device:")[1] for v in trainer.model.variables} == {parameter_device[8:]}
     placed_result = train(config)
-    monkeypatch.setattr(devices, "resolve", resolve)
+    monkeypatch.setattr(devices, "place", place)
     reference = make_config(
         model_dir=tmp_path / "ref", towers={"num_towers": 1, "micro_batches": 4}, loop={"train_steps": 4}
     )

@@ -85,10 +85,10 @@ def test_input_streams_are_one_per_micro_batch_in_sync_and_one_per_tower_in_asyn
 
 
 def test_max_staleness_is_an_hparam_of_async_runs_only():
-    assert "max_staleness" not in run_hparams(cfg.RunConfig())
-    config = cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", max_staleness=3))
-    assert run_hparams(config)["max_staleness"] == 3
-    assert list(run_hparams(config))[-1] == "max_staleness"  # where it was before the modes had an interface
+    assert "max_staleness" not in run_hparams(modes.settle(cfg.RunConfig()))
+    plan = modes.settle(cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", max_staleness=3)))
+    assert run_hparams(plan)["max_staleness"] == 3
+    assert list(run_hparams(plan))[-1] == "max_staleness"  # where it was before the modes had an interface
 
 
 class _Staleness(Updater):
@@ -154,7 +154,7 @@ def _recorded_run(tmp_path, config):
     """A model_dir holding a checkpoint and the run.json of `config`."""
     os.makedirs(tmp_path / "run" / "checkpoints")
     (tmp_path / "run" / "checkpoints" / "ckpt-2.index").write_bytes(b"")
-    (tmp_path / "run" / rundir.RUN_FILE).write_text(json.dumps(rundir.defining_settings(config)))
+    (tmp_path / "run" / rundir.RUN_FILE).write_text(json.dumps(rundir.defining_settings(modes.settle(config))))
 
 
 @pytest.mark.parametrize("update_mode", ["sync", "async"])
@@ -168,10 +168,10 @@ def test_a_sync_resume_may_change_num_gpus_and_an_async_one_may_not(make_config,
     expected = {"towers.gradient_order"} if async_ else {"towers.num_towers", "towers.num_tasks"}
     assert modes.mode_for(update_mode).resume_may_change == expected
     if not async_:
-        rundir.check_resume(after, allow_changes=False)  # K fixed: the same result on any towers
+        rundir.check_resume(modes.settle(after), allow_changes=False)  # K fixed: the same result on any towers
         return
     with pytest.raises(rundir.RunDirError, match=r"\(--num_gpus: 2 -> 1\)"):
-        rundir.check_resume(after, allow_changes=False)
+        rundir.check_resume(modes.settle(after), allow_changes=False)
 
 
 def _field_types(result: StepResult) -> dict:

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from trainer.loop.run import train
 from trainer.outputs import rundir
-from trainer.settings.resolve import resolve
+from trainer.step.modes import settle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,7 +127,7 @@ def _old_run(make_config, tmp_path, model: str, **recorded_changes):
     run = tmp_path / "run"
     os.makedirs(run / "checkpoints")
     (run / "checkpoints" / "ckpt-2.index").write_bytes(b"")
-    recorded = rundir.defining_settings(make_config(model={"name": model}))
+    recorded = rundir.defining_settings(settle(make_config(model={"name": model})))
     del recorded["data.augment"], recorded["data.normalize"]
     (run / rundir.RUN_FILE).write_text(json.dumps({**recorded, **recorded_changes}))
     return run
@@ -137,23 +137,21 @@ def test_a_run_from_before_augmentation_is_not_resumed_with_auto_augmentation(ma
     run = _old_run(make_config, tmp_path, "resnet20")
     resnet20 = make_config(model={"name": "resnet20"})
     with pytest.raises(rundir.RunDirError) as refused:
-        rundir.check_resume(resolve(resnet20), allow_changes=False)
+        rundir.check_resume(settle(resnet20), allow_changes=False)
     message = str(refused.value)
     assert "(--augment: 'none' -> 'crop_flip' (auto for resnet20))" in message
     assert f"(--flagfile={run / 'flags.txt'} --augment=none)" in message and "--allow_flag_changes" in message
     none = make_config(model={"name": "resnet20"}, data={"augment": "none", "cache": "none"})  # cache: free
-    rundir.check_resume(resolve(none), allow_changes=False)
+    rundir.check_resume(settle(none), allow_changes=False)
     assert json.loads((run / rundir.RUN_FILE).read_text())["data.augment"] == "none"  # resolved, not "auto"
 
 
 def test_a_run_from_before_augmentation_resumes_where_auto_means_none(make_config, tmp_path, capsys):
     run = _old_run(make_config, tmp_path, "cnn")
-    rundir.check_resume(resolve(make_config()), allow_changes=False)  # cnn: auto is none, as the old run did
+    rundir.check_resume(settle(make_config()), allow_changes=False)  # cnn: auto is none, as the old run did
     with pytest.raises(rundir.RunDirError, match=r"\(--augment: 'none' -> 'flip'; --normalize: 'none' -> 'imagenet'\)"):
-        rundir.check_resume(
-            resolve(make_config(data={"augment": "flip", "normalize": "imagenet"})), allow_changes=False
-        )
-    rundir.check_resume(resolve(make_config(data={"augment": "flip"})), allow_changes=True)
+        rundir.check_resume(settle(make_config(data={"augment": "flip", "normalize": "imagenet"})), allow_changes=False)
+    rundir.check_resume(settle(make_config(data={"augment": "flip"})), allow_changes=True)
     assert "(--allow_flag_changes): --augment: 'none' -> 'flip'" in capsys.readouterr().out
     assert json.loads((run / rundir.RUN_FILE).read_text())["data.augment"] == "flip"
 
@@ -164,10 +162,10 @@ def test_augmentation_and_normalization_compare_as_resolved(make_config, tmp_pat
     _old_run(make_config, tmp_path, "resnet20", **{"data.augment": "auto", "data.normalize": "imagenet"})
     imagenet = "0.485,0.456,0.406,0.229,0.224,0.225"
     same = make_config(model={"name": "resnet20"}, data={"augment": "crop_flip", "normalize": imagenet})
-    rundir.check_resume(resolve(same), allow_changes=False)
+    rundir.check_resume(settle(same), allow_changes=False)
     other = make_config(model={"name": "resnet20"}, data={"normalize": "0.5,0.5,0.5,0.25,0.25,0.25"})
     with pytest.raises(rundir.RunDirError, match=r"\(--normalize: 'imagenet' -> '0.5,0.25'\).*--normalize=imagenet\)"):
-        rundir.check_resume(resolve(other), allow_changes=False)
+        rundir.check_resume(settle(other), allow_changes=False)
 
 
 def test_cli_refuses_auto_augmentation_on_a_run_from_before_it(tmp_path):
@@ -190,7 +188,7 @@ def _chain_run(make_config, tmp_path, **config):
     run = tmp_path / "run"
     os.makedirs(run / "checkpoints")
     (run / "checkpoints" / "ckpt-2.index").write_bytes(b"")
-    recorded = rundir.defining_settings(resolve(make_config(**config)))
+    recorded = rundir.defining_settings(settle(make_config(**config)))
     recorded.pop("towers.gradient_order", None)  # async records none: its updates sum nothing
     (run / rundir.RUN_FILE).write_text(json.dumps(recorded))
     return run
@@ -202,8 +200,8 @@ def test_a_run_summed_left_to_right_is_not_resumed_with_the_tree_unless_allowed(
     with pytest.raises(
         rundir.RunDirError, match=r"\(the order of the gradient sum \(docs/determinism.md\): 'chain' -> 'tree'\)"
     ):
-        rundir.check_resume(resolve(four), allow_changes=False)
-    rundir.check_resume(resolve(four), allow_changes=True)
+        rundir.check_resume(settle(four), allow_changes=False)
+    rundir.check_resume(settle(four), allow_changes=True)
     assert "the order of the gradient sum (docs/determinism.md): 'chain' -> 'tree'" in capsys.readouterr().out
     assert json.loads((run / rundir.RUN_FILE).read_text())["towers.gradient_order"] == "tree"
 
@@ -217,5 +215,6 @@ def test_a_run_summed_left_to_right_is_not_resumed_with_the_tree_unless_allowed(
 )
 def test_where_the_orders_agree_a_left_to_right_run_resumes(make_config, tmp_path, towers):
     """Up to 3 micro-batches the chain is the tree; async sums nothing."""
-    _chain_run(make_config, tmp_path, towers=towers)
-    rundir.check_resume(resolve(make_config(towers=towers)), allow_changes=False)
+    deterministic = towers.get("update_mode") != "async"  # async refuses --deterministic (its mode's check)
+    _chain_run(make_config, tmp_path, towers=towers, deterministic=deterministic)
+    rundir.check_resume(settle(make_config(towers=towers, deterministic=deterministic)), allow_changes=False)

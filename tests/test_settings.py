@@ -12,6 +12,7 @@ from trainer.settings import flags as tf_flags
 from trainer.settings import table
 from trainer.settings.flag import FIXED, FREE
 from trainer.settings.resolve import resolve
+from trainer.step import modes
 
 NOT_FLAGS = {"flags_text", "towers.num_tasks", "data.augment_auto"}  # set by the entry point or by `resolve`
 
@@ -110,7 +111,7 @@ def test_resolve_decides_auto_augmentation_once_and_is_idempotent():
 
 
 def test_resume_records_exactly_the_fixed_settings():
-    recorded = rundir.defining_settings(resolve(cfg.RunConfig()))
+    recorded = rundir.defining_settings(modes.settle(cfg.RunConfig()))
     fixed = {f.field for f in table.FLAGS if f.resume == FIXED} - {"towers.micro_batches"}
     sync_free = {"towers.num_towers", "towers.num_tasks"}
     code = {"towers.gradient_order"}  # recorded from the code, not a flag (rundir.CODE)

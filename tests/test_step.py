@@ -53,7 +53,7 @@ def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
     the full-batch gradient), up to float rounding."""
     model, features, labels = _model_and_batch(name)
     reference, _, _ = _model_and_batch(name)
-    placement = devices.resolve(TowerConfig(num_towers=num_towers, device="cpu", parameter_device="cpu"))
+    placement = devices.place(TowerConfig(num_towers=num_towers, device="cpu", parameter_device="cpu"))
     step = tf.Variable(0, dtype=tf.int64)
     optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
     optimizer.build(model.trainable_variables)
@@ -83,7 +83,7 @@ def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
     frozen.moving_variance.assign(rng.random(4).astype(np.float32) + 0.7)
     stats = [frozen.moving_mean.numpy(), frozen.moving_variance.numpy()]
     assert any((np.float32(3) * s) / np.float32(3) != s for s in np.concatenate(stats))  # would drift
-    placement = devices.resolve(TowerConfig(num_towers=1, device="cpu", parameter_device="cpu"))
+    placement = devices.place(TowerConfig(num_towers=1, device="cpu", parameter_device="cpu"))
     step = tf.Variable(0, dtype=tf.int64)
     optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
     optimizer.build(model.trainable_variables)

@@ -1,5 +1,5 @@
-"""`python -m trainer`: flags -> RunConfig (`trainer.settings`: the table, then `resolve`) -> train. The only
-place that reads absl FLAGS.
+"""`python -m trainer`: flags -> RunConfig (`trainer.settings`: the table) -> the run's `Plan` (settled once,
+here: `trainer.step.modes.settle`, with the cluster's task count) -> train. The only place that reads absl FLAGS.
 
 Stop signals are handled from the first line (before TensorFlow is imported, which takes seconds), and flags
 are validated before that import too, so bad input fails at once; so is TensorFlow's environment set (GPUs
@@ -41,26 +41,28 @@ def main(argv: list[str]) -> int:
 
 def _main(argv: list[str]) -> int:
     try:
-        config = tf_flags.config_from_flags(FLAGS)
-        tasks = cluster.resolve_cluster(os.environ, config.cluster.port)
-        config = modes.settle(config, num_tasks=tasks.num_tasks)
-        preflight.check(config, tasks)  # model_dir, data globs, this task's port: before TensorFlow too
+        asked = tf_flags.config_from_flags(FLAGS)
+        tasks = cluster.resolve_cluster(os.environ, asked.cluster.port)
+        plan = modes.settle(asked, num_tasks=tasks.num_tasks)  # the run's decisions, once; passed down from here
+        preflight.check(plan.config, tasks)  # model_dir, data globs, this task's port: before TensorFlow too
     except ValueError as e:  # ConfigError, or ClusterError: a task layout that cannot work
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
+    config = plan.config
     verbosity = FLAGS.verbosity if FLAGS["verbosity"].present else None
     if verbosity is None:
         logging.set_verbosity(logging.WARNING)  # TensorFlow's Python INFO lines (saver, signatures)
     level = console.prepare_tensorflow(config.towers.device, verbosity)
     os.environ.update(runtime.environment(config.runtime, config.deterministic))  # read by TensorFlow's import
     header = versions.flagfile_header(versions.devices_summary(config.towers))
-    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS))
+    config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS))  # a record, not a setting
+    plan = dataclasses.replace(plan, config=config)
 
     with console.native_stderr_filtered(level):
         from trainer.system import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
     if tasks.num_tasks == 1:
-        return _train(config, None)
+        return _train(plan, None)
     if not tasks.is_chief:
         return distributed.serve(tasks, config, stop.REQUEST)
     try:  # first, so that whatever fails next, the workers hear of it
@@ -70,14 +72,14 @@ def _main(argv: list[str]) -> int:
         return stop.EXIT_FAILED
     code = stop.EXIT_FAILED
     try:
-        code = _train(config, tasks)
+        code = _train(plan, tasks)
     finally:
         distributed.tell_workers(tasks, code)  # they exit with it (an exception: 1)
     return code
 
 
-def _train(config: cfg.RunConfig, tasks) -> int:
-    """Trains as the only task or the chief; returns the exit code."""
+def _train(plan: modes.Plan, tasks) -> int:
+    """Trains the settled `plan` as the only task or the chief; returns the exit code."""
     from data import DataError  # noqa: PLC0415
     from models import ModelError  # noqa: PLC0415
     from trainer.loop.run import train  # noqa: PLC0415
@@ -85,7 +87,7 @@ def _train(config: cfg.RunConfig, tasks) -> int:
     from trainer.system import distributed  # noqa: PLC0415
 
     try:
-        train(config, cluster=tasks)
+        train(plan, cluster=tasks)
     except (cfg.ConfigError, DataError, ModelError, CheckpointMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE

@@ -1,6 +1,10 @@
-"""`build(config)`: everything a run is made of (devices, data, model, optimizer, update mode, evaluator,
+"""`build(plan)`: everything a run is made of (devices, data, model, optimizer, update mode, evaluator,
 checkpointer), built and ready to step. `trainer.loop.run.train` builds with it; benchmarks and tests use it
-alone."""
+alone, with a raw `RunConfig` (settled here, once) or a settled `trainer.step.modes.Plan`.
+
+It makes the two decisions that need TensorFlow or the records, once each, and carries them in the `Trainer`:
+the placement (`trainer.system.devices.place`) and the data settings
+(`trainer.settings.preprocess.data_settings`)."""
 
 from __future__ import annotations
 
@@ -12,12 +16,12 @@ import tensorflow as tf
 import data
 import models
 from trainer.loop.evaluate import Evaluator
-from trainer.loop.inputs import Inputs, data_settings, eval_dataset_fn, resolve_inputs, train_iterators
+from trainer.loop.inputs import Inputs, eval_dataset_fn, resolve_inputs, train_iterators
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
-from trainer.settings.preprocess import DataSettings
+from trainer.settings.preprocess import DataSettings, data_settings
 from trainer.step import footprint, mirrors, modes, optim, spread
-from trainer.step.modes import mode_for
+from trainer.step.modes import Plan
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
 
@@ -29,9 +33,10 @@ def log_line(text: str) -> None:
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything a run is made of, built and ready to step (see `build`)."""
+    """Everything a run is made of, built and ready to step (see `build`), with the decisions it was built on:
+    `plan` (settings, update mode, task count), `placement` and `data_settings`."""
 
-    config: RunConfig
+    plan: Plan
     placement: devices.Placement
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
@@ -44,12 +49,17 @@ class Trainer:
     bad_records: data.BadRecords | None = None  # `.count`: corrupt training records skipped so far
     data_settings: DataSettings | None = None  # augmentation, normalization and cache, resolved
 
+    @property
+    def config(self) -> RunConfig:
+        """The settled settings (`plan.config`)."""
+        return self.plan.config
 
-def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Trainer:
-    """Validates `config` and builds devices, data, model, optimizer and update mode, without training.
+
+def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None) -> Trainer:
+    """Builds devices, data, model, optimizer and update mode, without training.
 
     Args:
-      config: the run.
+      run: the run: a settled `Plan` (used as it is), or a `RunConfig`, settled here (`modes.planned`).
       train_dataset: replaces the TFRecord training input (e.g. the same data held in memory, for
         benchmarks). It must yield micro-batches: every input stream (one per micro-batch index in sync mode,
         one per tower in async mode) iterates it on its own.
@@ -58,9 +68,10 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
       ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
         what to change.
     """
-    config = modes.settle(config)
+    plan = modes.planned(run)
+    config = plan.config
     runtime.apply(config.runtime, config.deterministic)  # threads and GPU memory: before the devices initialise
-    placement = devices.resolve(config.towers)
+    placement = devices.place(config.towers)
     determinism.configure(config.seed, config.deterministic)
     runtime.apply_grappler(config.runtime)  # after determinism's arithmetic_optimization
     inputs = resolve_inputs(config.data)
@@ -68,12 +79,12 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
     # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
     data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
     bad_records = data.BadRecords(config.data.max_bad_records)
-    settings = data_settings(config, inputs)
-    model, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
+    settings = data_settings(config, inputs.train)
+    model, optimizer, global_step = build_model_and_optimizer(plan, placement, inputs)
     footprint.check_batch_fits(model, config, inputs.train.example_shape)  # before the pipeline and the graph
-    iterators = train_iterators(config, placement, inputs, train_dataset, bad_records, settings)
+    iterators = train_iterators(plan, placement, inputs, train_dataset, bad_records, settings)
     evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
-    updater = mode_for(config.towers.update_mode).build(model, optimizer, placement, global_step, iterators, config)
+    updater = plan.mode.build(model, optimizer, placement, global_step, iterators, config)
     positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,
@@ -85,20 +96,8 @@ def build(config: RunConfig, train_dataset: tf.data.Dataset | None = None) -> Tr
         bad_records=bad_records.table,  # so the count, and the records already skipped, survive a resume
         **positions,
     )
-    return Trainer(
-        config,
-        placement,
-        model,
-        optimizer,
-        global_step,
-        iterators,
-        updater,
-        evaluator,
-        checkpointer,
-        inputs,
-        bad_records,
-        settings,
-    )
+    parts = (model, optimizer, global_step, iterators, updater, evaluator, checkpointer)
+    return Trainer(plan, placement, *parts, inputs, bad_records, settings)
 
 
 def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inputs: Inputs, bad_records, settings):
@@ -106,15 +105,17 @@ def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inpu
     return Evaluator(model, placement, make_dataset, explain=lambda e: bad_records.explain(e, False, log_line))
 
 
-def build_model_and_optimizer(config: RunConfig, placement: devices.Placement, inputs: Inputs):
-    """Model, optimizer (slots built) and global step on the parameter device; with `spread_over`, each
-    model variable and its slots on its owner (`trainer.step.spread`), the step and learning rate on the first
-    tower's device."""
+def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placement, inputs: Inputs):
+    """Model, optimizer (slots built; the update mode's, `UpdateMode.make_optimizer`) and global step on the
+    parameter device; with `spread_over`, each model variable and its slots on its owner
+    (`trainer.step.spread`), the step and learning rate on the first tower's device. `run` as in `build`."""
+    plan = modes.planned(run)
+    config = plan.config
     _set_precision(config.towers.mixed_precision)
     with tf.device(placement.parameter_device):
         model = _build_placed_model(config, placement, inputs)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        optimizer = mode_for(config.towers.update_mode).make_optimizer(config, global_step)
+        optimizer = plan.mode.make_optimizer(config, global_step)
         optimizer = optim.with_precision(optimizer, config.towers.mixed_precision)
         optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
         spread.place_updates(optimizer)

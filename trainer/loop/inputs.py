@@ -6,6 +6,10 @@ the number of towers nor the number of machines, and each stream is read on the 
 runs micro-batch j, so the global batch never crosses the network. Async mode reads one stream per tower.
 
 Eval reads on the chief and splits each batch across every tower (`trainer.loop.evaluate`).
+
+Nothing here decides anything: which tower reads each stream is the update mode's answer
+(`UpdateMode.stream_towers`, from the run's `Plan`), and the cache and preprocessing are the run's
+`DataSettings` (`trainer.settings.preprocess.data_settings`), both passed in.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ import functools
 import tensorflow as tf
 
 import data
-from trainer.settings.config import ConfigError, DataConfig, RunConfig
-from trainer.settings.preprocess import DataSettings, format_bytes
-from trainer.step.modes import mode_for
+from trainer.settings.config import DataConfig, RunConfig
+from trainer.settings.preprocess import DataSettings
+from trainer.step.modes import Plan
 from trainer.system.devices import Placement
 
 
@@ -59,63 +63,6 @@ def _schema(config: DataConfig):
     if config.record_schema == "image" or config.label_offset or config.image_size:
         return data.ImageSchema(config.label_offset, config.image_size)
     return None  # auto: the first record decides
-
-
-def preprocessing(config: RunConfig, inputs: Inputs) -> data.Preprocess:
-    """The resolved --augment and the --normalize of `config`, checked against the records.
-
-    Raises:
-      ConfigError: augmentation or normalization asked of dense records, or normalization values for
-        another number of channels than the images have.
-    """
-    augment, norm = config.data.augment, config.data.normalize
-    if isinstance(inputs.train.schema, data.DenseSchema):
-        if config.data.augment_auto:  # --record_schema=auto: only the records said they are dense
-            augment = "none"
-        if augment != "none" or norm:
-            flag = f"--augment={augment}" if augment != "none" else f"--normalize={norm.text}"
-            raise ConfigError(
-                f"{flag} applies to images, but --train_data holds dense records (a float vector per example); "
-                "pass --augment=none --normalize=none, or normalize the vectors when writing them"
-            )
-        return data.Preprocess(augment)
-    if not norm:
-        return data.Preprocess(augment)
-    return data.Preprocess(augment, *norm.per_channel(inputs.train.example_shape[-1]))
-
-
-def use_cache(config: DataConfig, inputs: Inputs) -> bool:
-    """Whether training images are decoded once into memory: --cache=memory, or auto below the bound."""
-    return _cache_decision(config, inputs)[0]
-
-
-def _cache_decision(config: DataConfig, inputs: Inputs) -> tuple[bool, str, int | None]:
-    """(cache or not, why auto decided so or "", the decoded-size estimate auto decided on or None)."""
-    if isinstance(inputs.train.schema, data.DenseSchema):
-        return False, "dense records" if config.cache == "auto" else "", None
-    if config.cache != "auto":
-        return config.cache == "memory", "", None
-    decoded = data.estimated_bytes(inputs.train)
-    bound = "" if decoded <= data.AUTO_CACHE_BYTES else f", over the {data.AUTO_CACHE_BYTES / 2**30:g} GiB bound"
-    return decoded <= data.AUTO_CACHE_BYTES, f"{format_bytes(decoded)} decoded{bound}", decoded
-
-
-def data_settings(config: RunConfig, inputs: Inputs) -> DataSettings:
-    """What training reads, resolved once per run: the pipeline, the banner and metrics.json all use it.
-
-    Raises:
-      ConfigError: as `preprocessing`.
-    """
-    preprocess = preprocessing(config, inputs)
-    cache, reason, decoded = _cache_decision(config.data, inputs)
-    return DataSettings(
-        preprocess,
-        config.data.augment_auto,
-        config.data.normalize.text,
-        cache,
-        reason,
-        decoded,
-    )
 
 
 class PlacedIterator:
@@ -167,7 +114,7 @@ class PlacedIterator:
 
 
 def train_iterators(
-    config: RunConfig,
+    plan: Plan,
     placement: Placement,
     inputs: Inputs,
     train_dataset,
@@ -179,8 +126,9 @@ def train_iterators(
 
     `train_dataset` (benchmarks) replaces the records: it must yield micro-batches and is iterated per stream.
     """
+    config = plan.config
     t = config.towers
-    towers = mode_for(t.update_mode).stream_towers(config, len(placement.towers))
+    towers = plan.mode.stream_towers(config, len(placement.towers))
     hosts = [placement.host_of(tower) for tower in towers]
     if train_dataset is not None:  # no positions: restarts from its beginning
         return [PlacedIterator(train_dataset, host) for host in hosts]

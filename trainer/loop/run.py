@@ -1,6 +1,7 @@
-"""`train(config)`: the library entry point. Builds data, model, optimizer and update mode, then runs the loop.
+"""`train(plan)`: the library entry point. Builds data, model, optimizer and update mode, then runs the loop.
 
-Usable without flags: `train(RunConfig(...))` returns the metrics it writes to `model_dir/metrics.json`.
+Usable without flags: `train(RunConfig(...))` settles the settings once (`trainer.step.modes.settle`) and
+returns the metrics it writes to `model_dir/metrics.json`; `python -m trainer` hands it the `Plan` it settled.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from trainer.system import distributed, peers, stall
 from trainer.system import stop as stop_lib
 
 
-def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=None) -> dict:
+def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None, cluster=None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the metrics written to `metrics.json`.
 
     Stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2) are honoured after the current step: the run
@@ -35,7 +36,7 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
     also requeued its job (`trainer.outputs.attempts.after_stop`).
 
     Args:
-      config: the run.
+      run: the run: a settled `trainer.step.modes.Plan`, used as it is, or a `RunConfig`, settled here once.
       stop: the stop request to honour (the process-wide `trainer.system.stop.REQUEST` by default).
       cluster: a `launch.cluster.Cluster` of several tasks whose chief this process is, already connected
         (`trainer.system.distributed.connect`); None: this machine alone. `config.towers.num_tasks` is its size.
@@ -44,15 +45,16 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
       trainer.system.distributed.WorkerLost: a worker task died or never started; the message names it.
     """
     stop = stop or stop_lib.REQUEST
-    config = modes.settle(config)
+    plan = modes.planned(run)
+    config = plan.config
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
-        rundir.check_resume(config, config.loop.allow_flag_changes, log=log_line)
+        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line)
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
         job = cluster_lib.slurm_job(os.environ)
         try:
-            return _train_attempt(config, stop, attempts, job, cluster)
+            return _train_attempt(plan, stop, attempts, job, cluster)
         except stop_lib.StopRequested as e:
             log_line(str(e))
             line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
@@ -69,31 +71,33 @@ def train(config: RunConfig, stop: stop_lib.StopRequest | None = None, cluster=N
             raise
 
 
-def _train_attempt(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
+def _train_attempt(plan: modes.Plan, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
     """One attempt: build, resume, train, evaluate, export, write metrics.json; with several tasks, a watch
     of the workers ends the process (75) when one is lost, and one of the steps when they stop finishing."""
     _raise_if_stopped(stop, "before the model was built")
     if cluster is None or cluster.num_tasks == 1:
-        return _build_and_train(config, stop, attempts, job, stall_watch=None)
+        return _build_and_train(plan, stop, attempts, job, stall_watch=None)
     workers = dict(enumerate(cluster.workers))
     del workers[0]
     describe = functools.partial(distributed.describe_task, cluster)
     lost = lambda message: attempts.end(f"{attempts_lib.LOST}: {message}")  # noqa: E731
-    with peers.PeerWatch(workers, describe, config.cluster.peer_timeout_sec, on_lost=lost) as watch:
+    timeout_sec = plan.config.cluster.peer_timeout_sec
+    with peers.PeerWatch(workers, describe, timeout_sec, on_lost=lost) as watch:
         tasks = ", ".join(f"task {task} {address}" for task, address in enumerate(cluster.workers))
         stall_watch = functools.partial(
             stall.StallWatch,
-            timeout_sec=config.cluster.peer_timeout_sec,
+            timeout_sec=timeout_sec,
             what=f"one of the tasks ({tasks})",
             on_lost=lost,
             silent=watch.silent,
         )
-        return _build_and_train(config, stop, attempts, job, stall_watch)
+        return _build_and_train(plan, stop, attempts, job, stall_watch)
 
 
-def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog, job, stall_watch) -> dict:
+def _build_and_train(plan: modes.Plan, stop, attempts: attempts_lib.AttemptLog, job, stall_watch) -> dict:
     started = time.monotonic()
-    state = build(config)
+    config = plan.config
+    state = build(plan)
     _raise_if_stopped(stop, "before training started")
     restored = state.checkpointer.restore_latest()
     if restored:
@@ -117,7 +121,7 @@ def _build_and_train(config: RunConfig, stop, attempts: attempts_lib.AttemptLog,
     with stop_lib.out_of_space(f"exporting to {config.loop.model_dir}", lambda: _kept(state)):
         export_dir = _export(config, state, results["global_step"])
         attempts.end("finished")
-        metrics = report.final_metrics(config, state, results, attempts.examples_per_sec(), attempts.summary())
+        metrics = report.final_metrics(state, results, attempts.examples_per_sec(), attempts.summary())
         report.write_json(os.path.join(config.loop.model_dir, "metrics.json"), metrics)
     for line in banner.end_lines(config, metrics, time.monotonic() - started, export_dir):
         log_line(line)
@@ -154,7 +158,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     makes the `trainer.system.stall.StallWatch` of the mode's finished steps."""
     placement = state.placement
     summaries = Summaries(config.loop.model_dir, [placement.tower_tag(i) for i in range(len(placement.towers))])
-    summaries.hparams(config)
+    summaries.hparams(state.plan)
     trainable = state.model.trainable_variables
 
     def on_checkpoint(step: int) -> None:

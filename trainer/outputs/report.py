@@ -11,7 +11,6 @@ import numpy as np
 
 from trainer.outputs.costs import cost_warnings
 from trainer.step import spread
-from trainer.step.modes import mode_for
 from trainer.system import files, runtime, versions
 
 
@@ -82,10 +81,11 @@ def _plain(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def final_metrics(config, state, results: dict, examples_per_sec: float | None, attempts: list) -> dict:
+def final_metrics(state, results: dict, examples_per_sec: float | None, attempts: list) -> dict:
     """metrics.json: the loop's final `results`, what was trained on what (towers, placement, data settings,
     versions, runtime) and the weights hash, from `state` (a `trainer.loop.build.Trainer`). `examples_per_sec` and
     `attempts` cover every attempt of the run (`trainer.outputs.attempts.AttemptLog`)."""
+    config = state.config
     t = config.towers
     metrics = {
         "global_step": results["global_step"],
@@ -115,5 +115,5 @@ def final_metrics(config, state, results: dict, examples_per_sec: float | None, 
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
         "cost_warnings": cost_warnings(config),  # settings measured slower on these devices; [] for none
     }
-    metrics.update(mode_for(t.update_mode).run_metrics(config, state.updater))  # async: staleness
+    metrics.update(state.plan.mode.run_metrics(config, state.updater))  # async: staleness
     return metrics

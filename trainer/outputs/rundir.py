@@ -23,7 +23,7 @@ from trainer.settings.config import ConfigError, Normalization, RunConfig, flatt
 from trainer.settings.flag import FIXED
 from trainer.settings.preprocess import resolve_augment
 from trainer.step import tree
-from trainer.step.modes import mode_for
+from trainer.step.modes import Plan, mode_for
 
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
@@ -83,13 +83,16 @@ def _holder() -> str:
     return f"host {socket.gethostname()}, pid {os.getpid()}{slurm}, since {started}"
 
 
-def defining_settings(config: RunConfig) -> dict:
-    """The settings that define what is trained, flattened (`optimizer.learning_rate`, ...): the flag table's
-    settings a resume may not change (`trainer.settings.table`, FIXED) and the task count, less what the update
+def defining_settings(plan: Plan) -> dict:
+    """The settings that define what `plan` trains, flattened (`optimizer.learning_rate`, ...): the flag table's
+    settings a resume may not change (`trainer.settings.table`, FIXED) and the task count, less what its update
     mode lets change (`UpdateMode.resume_may_change`), with `towers.num_micro_batches` for the 0 that means one
     per tower."""
+    return _defining(plan.config, plan.mode.resume_may_change)
+
+
+def _defining(config: RunConfig, may_change: frozenset[str]) -> dict:
     flat = flatten(config)
-    may_change = mode_for(config.towers.update_mode).resume_may_change
     names = [f.field for f in table.FLAGS if f.resume == FIXED and f.field != "towers.micro_batches"]
     defining = {k: flat[k] for k in (*names, *DERIVED) if k not in may_change}
     if "towers.num_micro_batches" not in may_change:
@@ -118,18 +121,19 @@ def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
-    """Refuses to resume a run whose defining settings these flags change; records them on a fresh start.
+def check_resume(plan: Plan, allow_changes: bool, log=print) -> None:
+    """Refuses to resume a run whose defining settings `plan` changes; records them on a fresh start.
 
     Raises:
       RunDirError: listing each differing setting as `--flag: recorded -> now`, unless `allow_changes`.
     """
+    config = plan.config
     model_dir = config.loop.model_dir
     path = os.path.join(model_dir, RUN_FILE)
-    current = defining_settings(config)
+    current = defining_settings(plan)
     if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
         recorded = _recorded_settings(path)
-        free = mode_for(config.towers.update_mode).resume_may_change
+        free = plan.mode.resume_may_change
         changed = sorted(k for k in (set(recorded) | set(current)) - free if recorded.get(k) != current.get(k))
         changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:
@@ -146,8 +150,8 @@ def check_resume(config: RunConfig, allow_changes: bool, log=print) -> None:
 
 
 def _recorded_settings(path: str) -> dict:
-    """run.json's settings, resolved; a setting newer than the recorded run had its default value then, or
-    what PREDATES says.
+    """run.json's settings, resolved; a setting newer than the recorded run had its default value then (less
+    what the recorded run's own update mode leaves out), or what PREDATES says.
 
     Raises:
       RunDirError: the file is damaged (not UTF-8, not JSON, not an object, a value that does not parse); the
@@ -158,7 +162,10 @@ def _recorded_settings(path: str) -> dict:
             recorded = json.loads(f.read().decode("utf-8"))
         if not isinstance(recorded, dict):
             raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
-        return _resolved({**defining_settings(RunConfig()), **PREDATES, **recorded})
+        defaults = RunConfig()
+        # The recorded run's mode, read from the file (not this run's: that one is `plan.mode`).
+        recorded_mode = mode_for(recorded.get("towers.update_mode", defaults.towers.update_mode))
+        return _resolved({**_defining(defaults, recorded_mode.resume_may_change), **PREDATES, **recorded})
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError is a ValueError
         why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         raise RunDirError(

@@ -28,7 +28,7 @@ from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from trainer.settings import config as cfg
-from trainer.step.modes import mode_for
+from trainer.step.modes import Plan
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
 TOWER_CHART_REGEX = r"tower_step_sec/.*"
@@ -105,14 +105,15 @@ class Summaries:
         with self.train.as_default(step=step):
             tf.summary.histogram("staleness", tf.constant(values, tf.float32))
 
-    def hparams(self, config: cfg.RunConfig) -> None:
-        """Records, in `model_dir`, the experiment (hparam and metric columns), this run's settings
-        (`run_hparams`) and the custom-scalars layout that charts every tower's step time together. Called
+    def hparams(self, plan: Plan) -> None:
+        """Records, in `model_dir`, the experiment (hparam and metric columns), the settings of the run `plan`
+        settled (`run_hparams`) and the custom-scalars layout that charts every tower's step time together. Called
         once per start; `trainer.outputs.event_files.purge_events` drops the previous start's records."""
         with self.run.as_default(step=0):
             tf.summary.experimental.write_raw_pb(_experiment().SerializeToString(), step=0)
             # The trial ID column shows the model_dir's name, not a hash of the settings.
-            hp.hparams(run_hparams(config), trial_id=os.path.basename(os.path.normpath(config.loop.model_dir)))
+            trial_id = os.path.basename(os.path.normpath(plan.config.loop.model_dir))
+            hp.hparams(run_hparams(plan), trial_id=trial_id)
             tf.summary.experimental.write_raw_pb(custom_scalar_summary.pb(_layout()).SerializeToString(), step=0)
         self.run.flush()
 
@@ -122,10 +123,12 @@ class Summaries:
         self.run.close()
 
 
-def run_hparams(config: cfg.RunConfig) -> dict:
+def run_hparams(plan: Plan) -> dict:
     """The settings that define the run, resolved (K micro-batches, not the 0 that means one per tower;
     towers of every task; `float32` for no mixed precision), and the current `--train_steps`. Settings that
-    do not apply to the run (momentum of adam, staleness bound of sync) are left out, not recorded as None."""
+    do not apply to the run (momentum of adam, staleness bound of sync) are left out, not recorded as None;
+    the update mode adds its own (`UpdateMode.hparams`)."""
+    config = plan.config
     t, o = config.towers, config.optimizer
     values = {
         "model": config.model.name,
@@ -155,7 +158,7 @@ def run_hparams(config: cfg.RunConfig) -> dict:
     if o.schedule == "piecewise":
         values["lr_boundaries"] = ",".join(str(b) for b in o.boundaries)
         values["lr_values"] = ",".join(str(v) for v in o.values)
-    values.update(mode_for(t.update_mode).hparams(config))
+    values.update(plan.mode.hparams(config))
     return values
 
 

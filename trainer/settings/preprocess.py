@@ -1,14 +1,18 @@
-"""What training does to the data, resolved: `--augment=auto` by model family (`resolve_augment`, applied once
-by `trainer.settings.resolve`), and `DataSettings`, what the records then decide (the cache; normalization per
-channel), built once per run by `trainer.loop.inputs.data_settings` and read by the train and eval pipelines,
-the export, the banner and metrics.json. Imports no TensorFlow.
+"""What training does to the data, decided here and nowhere else: `--augment=auto` by model family
+(`resolve_augment`, applied once by `trainer.settings.resolve`), and `DataSettings`, what the records then
+decide (the cache; normalization per channel; augmentation of dense records), made once per run by
+`data_settings` (called by `trainer.loop.build.build` once the records are found) and read, as the object
+`build` carries in its `Trainer`, by the train and eval pipelines, the export, the banner and metrics.json.
+Imports no TensorFlow (`data.estimated_bytes`, which does, is imported when a run's cache is decided).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import data
 from data.schema import Preprocess
+from trainer.settings.config import ConfigError, DataConfig, RunConfig
 
 # --augment=auto by model family: the CIFAR recipe for resnet20, the ImageNet one for resnet50. Everything else
 # (mlp and cnn on the digits, whose flipped 2s and 5s are other digits; a module:function model) gets none.
@@ -26,7 +30,7 @@ def resolve_augment(augment: str, model_name: str, dense: bool) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """What training reads, resolved (`trainer.loop.inputs.data_settings` decides it from the flags and records).
+    """What training reads, resolved (`data_settings` decides it from the flags and the records).
 
     Attributes:
       preprocess: what the pipeline does to each image (augment; normalization per channel).
@@ -67,6 +71,57 @@ class DataSettings:
             "cache": "memory" if self.cache else "none",
             "cache_decoded_bytes": self.decoded_bytes,
         }
+
+
+def data_settings(config: RunConfig, records: data.RecordInfo) -> DataSettings:
+    """What training reads, decided once per run from the settled `config` and the training `records`: the
+    pipelines, the export, the banner and metrics.json all read the result.
+
+    Raises:
+      ConfigError: as `preprocessing`.
+    """
+    preprocess = preprocessing(config, records)
+    cache, reason, decoded = _cache_decision(config.data, records)
+    return DataSettings(preprocess, config.data.augment_auto, config.data.normalize.text, cache, reason, decoded)
+
+
+def preprocessing(config: RunConfig, records: data.RecordInfo) -> Preprocess:
+    """The resolved --augment and the --normalize of `config`, checked against the training records.
+
+    Raises:
+      ConfigError: augmentation or normalization asked of dense records, or normalization values for
+        another number of channels than the images have.
+    """
+    augment, norm = config.data.augment, config.data.normalize
+    if isinstance(records.schema, data.DenseSchema):
+        if config.data.augment_auto:  # --record_schema=auto: only the records said they are dense
+            augment = "none"
+        if augment != "none" or norm:
+            flag = f"--augment={augment}" if augment != "none" else f"--normalize={norm.text}"
+            raise ConfigError(
+                f"{flag} applies to images, but --train_data holds dense records (a float vector per example); "
+                "pass --augment=none --normalize=none, or normalize the vectors when writing them"
+            )
+        return Preprocess(augment)
+    if not norm:
+        return Preprocess(augment)
+    return Preprocess(augment, *norm.per_channel(records.example_shape[-1]))
+
+
+def use_cache(config: DataConfig, records: data.RecordInfo) -> bool:
+    """Whether training images are decoded once into memory: --cache=memory, or auto below the bound."""
+    return _cache_decision(config, records)[0]
+
+
+def _cache_decision(config: DataConfig, records: data.RecordInfo) -> tuple[bool, str, int | None]:
+    """(cache or not, why auto decided so or "", the decoded-size estimate auto decided on or None)."""
+    if isinstance(records.schema, data.DenseSchema):
+        return False, "dense records" if config.cache == "auto" else "", None
+    if config.cache != "auto":
+        return config.cache == "memory", "", None
+    decoded = data.estimated_bytes(records)
+    bound = "" if decoded <= data.AUTO_CACHE_BYTES else f", over the {data.AUTO_CACHE_BYTES / 2**30:g} GiB bound"
+    return decoded <= data.AUTO_CACHE_BYTES, f"{format_bytes(decoded)} decoded{bound}", decoded
 
 
 def format_bytes(count: int) -> str:

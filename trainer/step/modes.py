@@ -9,6 +9,7 @@ by `build`.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 
 from trainer.settings.config import ConfigError, RunConfig
@@ -186,14 +187,41 @@ def mode_for(name: str) -> UpdateMode:
         raise ConfigError(f"--update_mode ({name!r}) must be one of {tuple(MODES)}") from None
 
 
-def settle(config: RunConfig, num_tasks: int | None = None) -> RunConfig:
-    """The settings a run goes with: `trainer.settings.resolve.resolve` (validated, what the settings alone
-    decide decided), then its update mode's own `check`. Every entry point calls it (`python -m trainer`,
-    `launch.slurm`'s pre-check, `train` and `build`); settling settled settings changes nothing.
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A run's settled decisions, made once at its entry point and passed down: nothing below `settle`
+    resolves the settings again or looks the update mode up by name.
+
+    Attributes:
+      config: the settings as resolved (`trainer.settings.resolve.resolve`) and checked by the mode.
+      mode: the `UpdateMode` object of `config.towers.update_mode`.
+    """
+
+    config: RunConfig
+    mode: UpdateMode
+
+    @property
+    def num_tasks(self) -> int:
+        """The tasks (machines) of the run, as the cluster decided them at the entry point."""
+        return self.config.towers.num_tasks
+
+
+def settle(config: RunConfig, num_tasks: int | None = None) -> Plan:
+    """The plan a run goes with: `trainer.settings.resolve.resolve` (validated, what the settings alone decide
+    decided, `num_tasks` when given), its update mode found, and that mode's own `check`. The entry points call
+    it once (`python -m trainer`, `launch.slurm`'s pre-check, and `train`, `build` when handed a raw
+    `RunConfig`: `planned`).
 
     Raises:
       ConfigError: naming the flag and what to change.
     """
     config = resolve(config, num_tasks)
-    mode_for(config.towers.update_mode).check(config)
-    return config
+    mode = mode_for(config.towers.update_mode)
+    mode.check(config)
+    return Plan(config, mode)
+
+
+def planned(run: RunConfig | Plan) -> Plan:
+    """`run` itself when it is a `Plan` (already settled: nothing is decided again), else `settle(run)`: how the
+    library entry points (`train`, `build`) take either."""
+    return run if isinstance(run, Plan) else settle(run)

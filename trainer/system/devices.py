@@ -66,17 +66,17 @@ def configure_logical_cpus(num_devices: int) -> None:
     """Splits the physical CPU into `num_devices` logical devices, if TensorFlow has not started yet.
 
     Logical devices can only be configured before TensorFlow initialises its devices (before the first op).
-    When it already has, the existing logical devices are kept and `resolve` checks there are enough.
+    When it already has, the existing logical devices are kept and `place` checks there are enough.
     """
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         if len(tf.config.get_logical_device_configuration(cpu) or []) < num_devices:
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
     except RuntimeError:
-        pass  # already initialised: `resolve` reports a shortfall with a clear message
+        pass  # already initialised: `place` reports a shortfall with a clear message
 
 
-def resolve(config: TowerConfig) -> Placement:
+def place(config: TowerConfig) -> Placement:
     """Returns the devices of a run, or raises when fewer devices exist than asked.
 
     Never falls back silently: `--device=gpu` with too few GPUs is an error that names `--device=cpu`.

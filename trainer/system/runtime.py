@@ -4,7 +4,7 @@ TensorFlow runs, not what is trained.
 Each one has a moment after which TensorFlow ignores or refuses it: `environment` gives the variables read
 when TensorFlow is imported (`python -m trainer` sets them before its import); `apply` makes the tf.config
 calls that must come before TensorFlow initialises its devices (`trainer.loop.build.build`, before
-`devices.resolve`), and `apply_grappler` the graph-rewrite switches (after `determinism.configure`, which sets
+`devices.place`), and `apply_grappler` the graph-rewrite switches (after `determinism.configure`, which sets
 one of them). A setting already at its requested value is left alone, so a process whose devices are already
 up (tests, a second `train` call) runs; a change that has become impossible raises `ConfigError`.
 `describe` reads every setting back from TensorFlow for metrics.json.

@@ -1,0 +1,129 @@
+"""A run's decisions are made once, at its entry point, and carried down: the settings are resolved once, the
+update mode is looked up by name once, and what `build` decides (placement, data settings) is made once and
+kept in the `Trainer`. These tests count the deciding calls, so a consumer that re-derives one fails them."""
+
+import collections
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainer.settings import config as cfg
+from trainer.settings import resolve as resolve_lib
+from trainer.step import modes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _CountingModes(dict):
+    """`modes.MODES` that counts the look-ups by name in `counts["mode"]` (`mode_for` is the only reader)."""
+
+    def __init__(self, modes_by_name: dict, counts: collections.Counter):
+        super().__init__(modes_by_name)
+        self.counts = counts
+
+    def __getitem__(self, name):
+        self.counts["mode"] += 1
+        return super().__getitem__(name)
+
+
+@pytest.fixture
+def decisions(monkeypatch):
+    """Counts the calls that decide: validations (every `resolve`, hence every `settle`), update-mode look-ups,
+    placements and data settings."""
+    counts = collections.Counter()
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    from trainer.loop import build as build_lib
+    from trainer.system import devices
+
+    monkeypatch.setattr(resolve_lib, "validate", counted("settings", resolve_lib.validate))
+    monkeypatch.setattr(devices, "place", counted("placement", devices.place))
+    monkeypatch.setattr(build_lib, "data_settings", counted("data settings", build_lib.data_settings))
+    monkeypatch.setattr(modes, "MODES", _CountingModes(modes.MODES, counts))
+    return counts
+
+
+def test_settle_returns_the_plan_with_the_mode_object_and_the_task_count():
+    plan = modes.settle(cfg.RunConfig(model=cfg.ModelConfig("resnet20"), towers=cfg.TowerConfig()), num_tasks=2)
+    assert plan.mode is modes.MODES["sync"] and plan.mode.name == "sync"
+    assert plan.num_tasks == plan.config.towers.num_tasks == 2
+    assert (plan.config.data.augment, plan.config.data.augment_auto) == ("crop_flip", True)  # resolved
+    asynchronous = modes.settle(cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async")), num_tasks=1)
+    assert asynchronous.mode is modes.MODES["async"]
+    with pytest.raises(cfg.ConfigError, match="--update_mode=async cannot be --deterministic"):
+        modes.settle(cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async"), deterministic=True))
+
+
+def test_a_plan_is_used_as_it_is_and_a_raw_config_is_settled(decisions):
+    plan = modes.settle(cfg.RunConfig())
+    assert decisions["settings"] == 1
+    assert modes.planned(plan) is plan
+    assert decisions["settings"] == 1  # nothing decided again
+    again = modes.planned(cfg.RunConfig())
+    assert again == plan and again is not plan
+    assert decisions["settings"] == 2
+
+
+def test_train_decides_each_thing_once(make_config, decisions):
+    from trainer.loop.run import train
+
+    metrics = train(make_config(model={"name": "mlp"}, loop={"train_steps": 2}))
+    assert metrics["global_step"] == 2
+    assert dict(decisions) == {"settings": 1, "mode": 1, "placement": 1, "data settings": 1}
+
+
+def test_build_takes_the_plan_without_settling_again(make_config, decisions):
+    from trainer.loop.build import build
+
+    plan = modes.settle(make_config(model={"name": "mlp"}, deterministic=False, towers={"update_mode": "async"}))
+    trainer = build(plan)
+    try:
+        assert trainer.plan is plan and trainer.config is plan.config
+        assert (decisions["settings"], decisions["mode"]) == (1, 1)  # settle's, none by build
+        assert (decisions["placement"], decisions["data settings"]) == (1, 1)
+        assert trainer.placement.towers == ("/device:CPU:0", "/device:CPU:1")
+        assert len(trainer.iterators) == 2  # the async mode's answer: one stream per tower, from the plan
+    finally:
+        trainer.updater.close()
+
+
+def test_the_entry_point_settles_once_and_hands_the_plan_to_train(tmp_path):
+    """`python -m trainer` in a fresh interpreter, `train` replaced by a recorder: one validation, one mode
+    look-up, and `train` gets the settled plan (with the cluster's task count and the flags recorded)."""
+    probe = (
+        "import sys\n"
+        "from absl import app\n"
+        "import trainer.__main__ as entry\n"
+        "from trainer.settings import resolve\n"
+        "from trainer.step import modes\n"
+        "calls = []\n"
+        "validate = resolve.validate\n"
+        "resolve.validate = lambda config: calls.append('validate') or validate(config)\n"
+        "class Counting(dict):\n"
+        "    def __getitem__(self, name):\n"
+        "        calls.append('mode')\n"
+        "        return super().__getitem__(name)\n"
+        "modes.MODES = Counting(modes.MODES)\n"
+        "import trainer.loop.run as run\n"
+        "run.train = lambda plan, cluster: calls.append(plan)\n"
+        f"sys.argv = ['trainer', '--device=cpu', '--num_gpus=1', '--model=resnet20', '--model_dir={tmp_path}/run']\n"
+        "try:\n"
+        "    app.run(entry.main)\n"
+        "except SystemExit as e:\n"
+        "    plan = calls[-1]\n"
+        "    print(e.code, calls[:-1], type(plan).__name__, plan.mode.name, plan.num_tasks, plan.config.data.augment,\n"
+        "          '--model=resnet20' in plan.config.flags_text)\n"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == "0 ['validate', 'mode'] Plan sync 1 crop_flip True", result.stderr[-2000:]
