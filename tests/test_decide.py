@@ -127,3 +127,36 @@ def test_the_entry_point_settles_once_and_hands_the_plan_to_train(tmp_path):
         [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.stdout.strip() == "0 ['validate', 'mode'] Plan sync 1 crop_flip True", result.stderr[-2000:]
+
+
+def _architecture() -> str:
+    with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+        return f.read()
+
+
+def test_the_map_lists_every_trainer_module_on_its_floor():
+    rows = [line for line in _architecture().splitlines() if line.startswith("| ")]
+    for package in ("settings", "system", "step", "outputs", "loop"):
+        (row,) = [line for line in rows if f"| `trainer/{package}` |" in line]
+        modules = sorted(p for p in os.listdir(os.path.join(ROOT, "trainer", package)) if p.endswith(".py"))
+        assert [m for m in modules if m != "__init__.py" and f"`{m}`" not in row] == [], package
+
+
+def test_the_map_names_where_each_decision_is_made_and_those_functions_exist():
+    import importlib
+    import re
+
+    table = _architecture().split("### Where each decision is made", 1)[1].split("\n\n")[1]
+    decisions = [row.split(" | ")[0].lstrip("| ") for row in table.splitlines()[2:]]
+    assert [d.split(":")[0].split(",")[0] for d in decisions] == [
+        "the settings",
+        "the update mode",
+        "the task count",
+        "the data settings",
+        "the placement",
+        "what may change on resume",
+    ]
+    named = re.findall(r"`((?:trainer|launch)/[\w/]+)\.py` `(\w+)`", table)
+    assert len(named) >= 6
+    for path, function in named:
+        assert callable(getattr(importlib.import_module(path.replace("/", ".")), function)), (path, function)

@@ -3,9 +3,10 @@
 
 It validates every setting (`trainer.settings.validate`) and fills in what the settings alone decide, so no
 consumer decides it again: `--augment=auto` becomes the model family's augmentation (`augment_auto` says it
-was auto), and the task count comes from the cluster. What the records decide (the cache, normalization per
-channel) is resolved once they are found: `trainer.loop.inputs.data_settings`. Resolving a resolved config
-returns it unchanged. Imports no TensorFlow.
+was auto), and the task count comes from the cluster. A run calls it once, through `trainer.step.modes.settle`,
+whose `Plan` (these settings and the update mode object) is passed down. What the records decide (the cache,
+normalization per channel) is decided once they are found: `trainer.settings.preprocess.data_settings`.
+Resolving a resolved config returns it unchanged. Imports no TensorFlow.
 """
 
 from __future__ import annotations

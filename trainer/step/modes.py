@@ -1,6 +1,10 @@
 """The update modes: what differs between sync and async, in one place. A third mode implements `UpdateMode`
 (and an `trainer.step.updater.Updater`) and registers in `MODES`; nothing else branches on --update_mode.
 
+`settle` makes a run's decisions that need no TensorFlow once, at the entry point: the settings resolved and
+checked, and the `UpdateMode` object, in one `Plan` that `train` and `build` take and pass down. Nothing else
+looks this run's mode up by name.
+
 No TensorFlow import at module level: the entry point checks settings (`UpdateMode.check`) before TensorFlow
 is imported, which takes seconds. The steppers (`trainer.step.sync`, `trainer.step.asynchronous`) are imported
 by `build`.

@@ -77,7 +77,8 @@ def configure_logical_cpus(num_devices: int) -> None:
 
 
 def place(config: TowerConfig) -> Placement:
-    """Returns the devices of a run, or raises when fewer devices exist than asked.
+    """The placement of a run (its towers, parameter device and each tower's host), or raises when fewer
+    devices exist than asked. Decided once per run, by `trainer.loop.build.build`, which keeps it in its `Trainer`.
 
     Never falls back silently: `--device=gpu` with too few GPUs is an error that names `--device=cpu`.
 
