@@ -134,7 +134,6 @@ def _dense_step_traffic(placement_name: str) -> traffic.Traffic:
             model = build_fn()
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-        spread.place_updates(optimizer)
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((4, 6)), tf.zeros((4,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, host) for _ in range(2)]  # one input stream per micro-batch

@@ -97,7 +97,6 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mi
             model = build_fn()
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-        spread.place_updates(optimizer)
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((2, 6)), tf.zeros((2,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, hosts[j]) for j in range(n)]  # read on its own task's CPU
