@@ -17,7 +17,7 @@ import tensorflow as tf
 from trainer.step import mirrors as mirrors_lib
 from trainer.step import spread, tree
 from trainer.step import towers as tw
-from trainer.step.calls import CallSize
+from trainer.step.calls import CallSize, in_graph_loop
 from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement, tower_of_micro_batch
 from trainer.system.stop import Diverged
@@ -189,19 +189,19 @@ class SyncUpdate(Updater):
         return self._step_number
 
     def _lean_steps(self, iterators, num_steps, totals):
-        """Up to `num_steps` steps in one graph: ends early at a step that was not finite (its update not
-        applied) or once interrupted. Returns (steps run, finite, sums, last loss, step, bad micro-batch)."""
+        """Up to `num_steps` steps in one graph (`trainer.step.calls.in_graph_loop`): ends early at a step that
+        was not finite (its update not applied) or once interrupted. Returns (steps run, finite, sums, last
+        loss, step, bad micro-batch)."""
 
-        def keep_going(i, finite, *_):
-            return tf.logical_and(tf.logical_and(i < num_steps, finite), tf.logical_not(self._interrupted))
-
-        def one_step(i, finite, totals, last_loss, step, bad):
+        def one_step(_, carried):
+            totals = carried[0]
             m = self._step(iterators, report=False, want_gradients=False)
             totals = (totals[0] + m["loss"], totals[1] + m["correct"], totals[2] + m["grad_norm"])
-            return i + 1, m["finite"], totals, m["loss"], m["step"], m["bad_micro_batch"]
+            return m["finite"], (totals, m["loss"], m["step"], m["bad_micro_batch"])
 
-        start = (tf.constant(0), tf.constant(True), totals, tf.constant(0.0), self.global_step.read_value(), -1)
-        return tf.while_loop(keep_going, one_step, start)
+        start = (totals, tf.constant(0.0), self.global_step.read_value(), -1)
+        ran, finite, (totals, last_loss, step, bad) = in_graph_loop(one_step, num_steps, self._interrupted, start)
+        return ran, finite, totals, last_loss, step, bad
 
     def _raise_if_diverged(self, finite, step, micro_batch) -> None:
         if bool(finite):
@@ -214,6 +214,16 @@ class SyncUpdate(Updater):
 
     def close(self) -> None:
         """Nothing to release: the sync mode has no threads."""
+
+    def wrap_micro_batch(self, wrap) -> None:
+        """See `Updater.wrap_micro_batch`: `_run_towers` calls the function when the step traces."""
+        self._micro_batch = wrap(self._micro_batch)
+
+    def step_graph(self):
+        """The traced graph of one step as the lean calls run it (no tower times, no gradients returned): what
+        `trainer.step.traffic.count` counts the bytes of, per device (`benchmarks/traffic.py`, the tests)."""
+        iterators = [it.iterator for it in self.iterators]
+        return self._step_fn.get_concrete_function(iterators, False, False).graph
 
     def _step(self, iterators, report: bool, want_gradients: bool):
         placement = self.placement
