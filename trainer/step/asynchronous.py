@@ -74,13 +74,8 @@ class AsyncUpdate(Updater):
             clip_global_norm,
             tw.micro_batch_fn(model, jit_compile),  # called under the tower's device scope
         )
-        num_towers = len(placement.towers)
-        self._compute_fns = [tf.function(functools.partial(self.graph.compute, i)) for i in range(num_towers)]
-        self._apply_fn = tf.function(self.graph.apply)
-        self._loop_fns = [tf.function(functools.partial(self.graph.updates, i)) for i in range(num_towers)]
-        update = self._ordered_update if self.gate.ordered else self.chained_updates
-        self._tower_calls = [functools.partial(update, i) for i in range(num_towers)]  # (tickets) -> host values
-        self._call_sizes = [CallSize() for _ in range(num_towers)]
+        self._make_calls(len(placement.towers))
+        self._call_sizes = [CallSize() for _ in placement.towers]
         self._land_lock = threading.Lock()
         self._records: list[tuple] = []  # (step after apply, loss, correct, staleness, grad norm) of the window
         self._tower_sec = [[] for _ in placement.towers]
@@ -89,6 +84,15 @@ class AsyncUpdate(Updater):
         self._staleness_all: list[int] = []
         self._latest_loss: float | None = None  # of the last update, for the live progress line
         self._threads: list[threading.Thread] = []
+
+    def _make_calls(self, num_towers: int) -> None:
+        """The `tf.function`s of the towers' graphs (per tower a compute and a loop of updates, one apply), and
+        per tower the call its thread makes for a share of the window's budget ((tickets) -> host values)."""
+        self._compute_fns = [tf.function(functools.partial(self.graph.compute, i)) for i in range(num_towers)]
+        self._apply_fn = tf.function(self.graph.apply)
+        self._loop_fns = [tf.function(functools.partial(self.graph.updates, i)) for i in range(num_towers)]
+        update = self._ordered_update if self.gate.ordered else self.chained_updates
+        self._tower_calls = [functools.partial(update, i) for i in range(num_towers)]
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Applies exactly `num_steps` updates over all towers, or fewer when `should_stop()` turns true or

@@ -82,12 +82,7 @@ class SyncUpdate(Updater):
             placement.parameter_device,
         )
         self._layout = tree.Layout.of(placement, num_micro_batches)
-        mirrored = []
-        if make_optimizer is not None:
-            variables, spread_over = model.trainable_variables, placement.spread_over
-            loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-            mirrored = mirrors_lib.choose(variables, placement.num_tasks, spread_over, loss_scaled)
-        self.mirrors = mirrors_lib.Mirrors(model, mirrored, self._layout, make_optimizer, optimizer)
+        self.mirrors = self._make_mirrors(make_optimizer)
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
@@ -97,6 +92,15 @@ class SyncUpdate(Updater):
         self._latest_loss = None  # the last step's loss (a tensor): read on the host only when asked
         self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
         self._finished = 0  # steps finished by this process (`steps_finished`)
+
+    def _make_mirrors(self, make_optimizer) -> mirrors_lib.Mirrors:
+        """The mirrored variables' replicas (`trainer.step.mirrors`); none without `make_optimizer`."""
+        mirrored = []
+        if make_optimizer is not None:
+            variables, spread_over = self.model.trainable_variables, self.placement.spread_over
+            loss_scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+            mirrored = mirrors_lib.choose(variables, self.placement.num_tasks, spread_over, loss_scaled)
+        return mirrors_lib.Mirrors(self.model, mirrored, self._layout, make_optimizer, self.optimizer)
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true or `interrupt()` is called.
