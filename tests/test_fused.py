@@ -139,3 +139,29 @@ def test_every_write_of_the_update_runs_on_its_variables_device(optimizer, count
     per_device = collections.Counter(n.device[-5:] for n in nodes if n.op in _WRITES)
     assert per_device["CPU:0"] >= 2 and per_device["CPU:1"] >= 1  # w0, w2 on CPU:0; w1 on CPU:1
     assert sum(per_device.values()) - per_device["CPU:0"] - per_device["CPU:1"] == counter_writes
+
+
+def test_the_loss_scale_is_skipped_halved_and_doubled_as_keras_does():
+    """fp16's optimizer through `trainer.step.update` against Keras's, over finite steps (the scale doubles
+    after `dynamic_growth_steps`) and a non-finite one (skipped, the scale halved): the same bits."""
+    steps = _gradients(6)
+    steps[2][1][0] = np.inf
+
+    def run(apply):
+        rng = np.random.default_rng(1)
+        variables = [keras.Variable(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.AdamW(0.01), initial_scale=8.0, dynamic_growth_steps=2
+        )
+        optimizer.build(variables)
+        step_fn = tf.function(lambda grads: apply(optimizer, list(grads), variables))
+        scales = []
+        for grads in steps:
+            step_fn([tf.constant(g) for g in grads])
+            scales.append(float(optimizer.dynamic_scale.numpy()))
+        return [v.numpy() for v in variables + list(optimizer.variables)], scales
+
+    keras_values, keras_scales = run(_keras)
+    values, scales = run(update.apply_gradients)
+    assert scales == keras_scales == [8.0, 16.0, 8.0, 8.0, 16.0, 16.0]
+    assert all(_bits(a) == _bits(b) for a, b in zip(keras_values, values, strict=True))
