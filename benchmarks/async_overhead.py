@@ -30,7 +30,6 @@ def _loops(towers: int, updates: int) -> dict:
     from benchmarks import records as records_lib
     from benchmarks.plan import SETTINGS, Side
     from benchmarks.sides import TowerflowSide
-    from trainer.step import async_graph
 
     setting = SETTINGS["cnn-digits"]
     records = records_lib.ensure_records(setting)
@@ -41,14 +40,14 @@ def _loops(towers: int, updates: int) -> dict:
     @tf.function
     def compute_only(n):
         def body(i, total):  # every gradient summed: a pass whose gradients nobody used would be pruned
-            loss, _, grads, _, _ = async_graph.compute(mode, 0)
+            loss, _, grads, _, _ = mode.graph.compute(0)
             return i + 1, total + loss + tf.add_n([tf.reduce_sum(g) for g in grads])
 
         return tf.while_loop(lambda i, _: i < n, body, (0, tf.constant(0.0)), parallel_iterations=1)[1]
 
     def one_per_call():
-        loss, correct, grads, non_trainable, read_step = mode._compute_fns[0]()
-        m = mode._apply_fn(loss, grads, non_trainable, read_step)
+        loss, correct, grads, non_trainable, read_step = mode.compute_call(0)
+        m = mode.apply_call(loss, grads, non_trainable, read_step)
         return bool(m["finite"]), int(m["step"]), float(loss), int(correct), float(m["grad_norm"])
 
     def timed(run):
@@ -61,7 +60,7 @@ def _loops(towers: int, updates: int) -> dict:
         "sync, per micro-batch": lambda: sync.window(steps)[0] * updates / (steps * towers),
         f"async, {towers} towers": lambda: side.window(steps)[0] * updates / (steps * towers),
         "1 tower: compute only": lambda: timed(lambda: float(compute_only(tf.constant(updates)))),
-        "1 tower: compute + apply": lambda: timed(functools.partial(mode._chained_updates, 0, list(range(updates)))),
+        "1 tower: compute + apply": lambda: timed(functools.partial(mode.chained_updates, 0, list(range(updates)))),
         "1 tower: 1 update per call": lambda: timed(lambda: [one_per_call() for _ in range(updates)]),
     }, (sync, side)
 

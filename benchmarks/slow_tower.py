@@ -2,8 +2,8 @@
 micro-batch's compute time, so the tower takes `factor` x as long, as a slower or busier GPU would.
 
 Installed by the benchmark on a built mode (`install`), not a setting of the trainer. It wraps the mode's
-micro-batch function (`_micro_batch`, which sync and async both call under the tower's device scope, when
-their step functions trace), so the delay sits in the same place in both modes: between the tower's last
+micro-batch function (`Updater.wrap_micro_batch`: sync and async both call it under the tower's device scope,
+when their step functions trace), so the delay sits in the same place in both modes: between the tower's last
 gradient and whatever reads it. The values pass through `tf.identity` behind the sleep: the same bits.
 """
 
@@ -23,7 +23,11 @@ def _same_device(a: str, b: str) -> bool:
 
 def install(mode, tower: int, factor: float) -> None:
     """Slows `tower` of `mode` (a built sync or async updater, before its first step) by `factor` (> 1)."""
-    device, inner = mode.placement.towers[tower], mode._micro_batch
+    mode.wrap_micro_batch(lambda inner: _slowed(inner, mode.placement.towers[tower], factor))
+
+
+def _slowed(inner, device: str, factor: float):
+    """`inner`, followed on `device` by a sleep of (factor - 1) x its own time."""
 
     def sleep(started):
         time.sleep((factor - 1.0) * (time.perf_counter() - float(started)))
@@ -42,4 +46,4 @@ def install(mode, tower: int, factor: float) -> None:
             return tw.MicroBatchResult(*tf.nest.map_structure(tf.identity, (
                 result.loss, result.correct, result.grads, result.non_trainable)))  # fmt: skip
 
-    mode._micro_batch = micro_batch
+    return micro_batch

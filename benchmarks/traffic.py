@@ -35,7 +35,7 @@ def measure(model: str, num_towers: int, placement_name: str, per_micro_batch: i
     from trainer.step import traffic
 
     step, variables, host = _sync_step(model, num_towers, placement_name, per_micro_batch)
-    graph = step._step_fn.get_concrete_function([it.iterator for it in step.iterators], False, False).graph
+    graph = step.step_graph()
     counted = traffic.count(graph, host)
     device, busiest = counted.busiest()
     row = {

@@ -54,7 +54,6 @@ def _build(num_tasks: int, towers_per_task: int, placement_name: str, optimizer_
 
         optimizer = make_optimizer()
         optimizer.build(model.trainable_variables)
-        spread.place_updates(optimizer)
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(64, 16)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32)
     streams = []

@@ -134,12 +134,11 @@ def _dense_step_traffic(placement_name: str) -> traffic.Traffic:
             model = build_fn()
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-        spread.place_updates(optimizer)
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((4, 6)), tf.zeros((4,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, host) for _ in range(2)]  # one input stream per micro-batch
     mode = SyncUpdate(model, optimizer, placement, 2, step, streams)
-    graph = mode._step_fn.get_concrete_function([it.iterator for it in streams], False, False).graph
+    graph = mode.step_graph()
     if placement.spread_over:  # what the hand count below assumes
         assert [v.value.device[-5:] for v in model.variables] == ["CPU:0", "CPU:1", "CPU:1", "CPU:1"]
     return traffic.count(graph, host)

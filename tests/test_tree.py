@@ -97,13 +97,12 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mi
             model = build_fn()
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-        spread.place_updates(optimizer)
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((2, 6)), tf.zeros((2,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, hosts[j]) for j in range(n)]  # read on its own task's CPU
     make_optimizer = (lambda: keras.optimizers.SGD(0.1)) if mirror else None
     mode = SyncUpdate(model, optimizer, placement, n, step, streams, make_optimizer=make_optimizer)
-    graph = mode._step_fn.get_concrete_function([it.iterator for it in streams], False, False).graph
+    graph = mode.step_graph()
     by_device = {traffic.short_device(d): f"task {i // towers_per_task}" for i, d in enumerate(towers)}
     return traffic.count(graph, towers[0], by_device.get, [it.device for it in streams])
 

@@ -118,7 +118,6 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
         optimizer = plan.mode.make_optimizer(config, global_step)
         optimizer = optim.with_precision(optimizer, config.towers.mixed_precision)
         optimizer.build(model.trainable_variables)  # Keras colocates each slot with its variable
-        spread.place_updates(optimizer)
     return model, optimizer, global_step
 
 

@@ -7,7 +7,6 @@ The loop never computes a gradient; the update mode never logs or checkpoints. T
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import os
 import sys
@@ -31,32 +30,6 @@ def steps_to_next_event(step: int, train_steps: int, cadences: list[int], marks=
     distances = [every - step % every for every in cadences if every > 0]
     distances += [mark - step for mark in marks if mark > step]
     return min([train_steps - step, *distances])
-
-
-@dataclasses.dataclass
-class Throughput:
-    """Examples/sec over the run, from steps that traced no graph; the first window of a start (warm-up) is
-    left out when there are others."""
-
-    examples: int = 0
-    seconds: float = 0.0
-    first_window: tuple[int, float] | None = None
-
-    def add(self, examples: int, seconds: float) -> None:
-        if self.first_window is None:
-            self.first_window = (examples, seconds)
-            return
-        self.examples += examples
-        self.seconds += seconds
-
-    def totals(self) -> tuple[int, float]:
-        """(examples, seconds) that `examples_per_sec` is over."""
-        return (self.examples, self.seconds) if self.seconds else (self.first_window or (0, 0.0))
-
-    @property
-    def examples_per_sec(self) -> float:
-        examples, seconds = self.totals()
-        return examples / seconds if seconds else 0.0
 
 
 class Loop:
@@ -109,7 +82,7 @@ class Loop:
         self.histogram_variables = histogram_variables
         self.histogram_tags = histogram_tags
         self.log = log
-        self.throughput = Throughput()
+        self.throughput = progress_lib.Throughput()  # of this start
         self.last_train: dict = {}
         self.last_eval: dict = {}
         self.stop = stop or stop_lib.REQUEST
@@ -205,12 +178,10 @@ class Loop:
         self._windows += 1
         if ran == 0:
             return 0
-        rate = ((ran - result.traced_steps) * self.examples_per_step, seconds - result.traced_sec)
-        self.throughput.add(*rate)  # leaves the first window of a start out
+        counted = self.throughput.add(ran, seconds, result.traced_steps, result.traced_sec, self.examples_per_step)
         if ran < n:
             return ran
-        # The first window of a start holds warm-up the mode cannot time: no rate from it.
-        self.interval.add(n, result.scalars(), seconds, *(rate if self._windows > 1 else (0, 0.0)))
+        self.interval.add(n, result.scalars(), seconds, counted)
         if self.progress is not None:
             self.progress.note = self._slow_live(result.tower_step_sec) or ""
         if result.staleness:

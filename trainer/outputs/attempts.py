@@ -19,6 +19,7 @@ import sys
 from launch import requeue as requeue_lib
 from launch.cluster import SlurmJob
 from trainer.outputs import report
+from trainer.outputs.progress import Rate
 from trainer.system.stop import TIME_LIMIT_SIGNALS, StopRequested
 
 FILE_NAME = "attempts.json"
@@ -41,13 +42,13 @@ class Attempt:
     slurm_array_task: str = ""  # ARRAYJOB_TASK for an array task
     slurm_restart_count: int | None = None
     step: int = 0  # the last step this attempt checkpointed
-    examples: int = 0  # examples trained in the timed windows (graph tracing left out)
+    examples: int = 0  # examples and seconds `trainer.outputs.progress.Throughput` counts of the attempt
     train_sec: float = 0.0
     outcome: str = RUNNING
 
     @property
     def examples_per_sec(self) -> float:
-        return self.examples / self.train_sec if self.train_sec else 0.0
+        return Rate(self.examples, self.train_sec).examples_per_sec or 0.0
 
 
 class AttemptLog:
@@ -120,8 +121,10 @@ class AttemptLog:
 
     def examples_per_sec(self) -> float:
         """Over every attempt: examples trained / training seconds, both summed."""
-        seconds = sum(a.train_sec for a in self.attempts)
-        return sum(a.examples for a in self.attempts) / seconds if seconds else 0.0
+        total = Rate()
+        for a in self.attempts:
+            total.add(Rate(a.examples, a.train_sec))
+        return total.examples_per_sec or 0.0
 
     def summary(self) -> list[dict]:
         """Per-attempt figures for metrics.json."""

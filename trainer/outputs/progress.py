@@ -5,9 +5,8 @@ value must not depend on how the other cadences cut the steps, so `LogInterval` 
 two log lines and each logged value is over exactly those steps:
 
 - `loss`, `accuracy`, `grad_global_norm`: means over the steps (each window weighted by its steps);
-- `examples_per_sec`: their examples over their seconds, leaving out every step that traced a graph (timed
-  by the update mode) and the first window of every start (one step, which also holds what the mode cannot
-  time: the async towers' tracing, the first run of each graph);
+- `examples_per_sec`: their examples over their seconds, by the one rule of `Throughput` (below), which the
+  run's figure and `attempts.json` follow too;
 - `learning_rate`: the value at the logged step;
 - async `staleness_mean`, `staleness_max`: over every update of the steps;
 - `tower_step_sec/<tower>`: each tower's time on its micro-batches of one step, averaged over the windows
@@ -25,6 +24,48 @@ import time
 
 
 @dataclasses.dataclass
+class Rate:
+    """Examples over seconds."""
+
+    examples: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: Rate) -> None:
+        self.examples += other.examples
+        self.seconds += other.seconds
+
+    @property
+    def examples_per_sec(self) -> float | None:
+        """None when nothing was counted."""
+        return self.examples / self.seconds if self.seconds > 0 and self.examples else None
+
+
+class Throughput:
+    """Examples/sec of training, by one rule: a window's steps that traced a graph are left out (the update
+    mode times them apart), and so is the first window of every start (one step, which also holds what the
+    mode cannot time: the async towers' tracing, the first run of each graph). `add` every window of a start,
+    in order; a start whose only window is its first reports that window (`totals`) rather than nothing."""
+
+    def __init__(self):
+        self.counted = Rate()
+        self.warm_up: Rate | None = None  # the start's first window
+
+    def add(self, steps: int, seconds: float, traced_steps: int, traced_sec: float, examples_per_step: int) -> Rate:
+        """Adds a window of `steps` steps in `seconds`; returns what of it counts (nothing for the first)."""
+        window = Rate((steps - traced_steps) * examples_per_step, seconds - traced_sec)
+        if self.warm_up is None:
+            self.warm_up = window
+            return Rate()
+        self.counted.add(window)
+        return window
+
+    def totals(self) -> tuple[int, float]:
+        """(examples, seconds) of the counted windows, or of the first when it is the only one."""
+        rate = self.counted if self.counted.seconds else (self.warm_up or Rate())
+        return rate.examples, rate.seconds
+
+
+@dataclasses.dataclass
 class LogInterval:
     """The steps since the previous log line; `add` every window, `scalars` at the log line, then `reset`."""
 
@@ -34,27 +75,25 @@ class LogInterval:
     accuracy: float = 0.0
     grad_norm: float = 0.0
     learning_rate: float = 0.0
-    rate_examples: int = 0  # examples and seconds of the steps a rate may count
-    rate_seconds: float = 0.0
+    rate: Rate = dataclasses.field(default_factory=Rate)  # what `Throughput.add` counted of the windows
     tower_sec: list = dataclasses.field(default_factory=list)  # one list of per-tower times per window
     staleness: list = dataclasses.field(default_factory=list)  # async: of every update
 
-    def add(self, steps: int, values: dict, seconds: float, rate_examples: int, rate_seconds: float) -> None:
+    def add(self, steps: int, values: dict, seconds: float, counted: Rate) -> None:
         self.steps += steps
         self.seconds += seconds
         self.loss += values["loss"] * steps
         self.accuracy += values["accuracy"] * steps
         self.grad_norm += values["grad_norm"] * steps
         self.learning_rate = values["learning_rate"]
-        self.rate_examples += rate_examples
-        self.rate_seconds += rate_seconds
+        self.rate.add(counted)
         if values.get("tower_step_sec"):
             self.tower_sec.append(values["tower_step_sec"])
 
     @property
     def examples_per_sec(self) -> float | None:
-        """None when every step of the interval traced (the first log line of a start)."""
-        return self.rate_examples / self.rate_seconds if self.rate_seconds > 0 and self.rate_examples else None
+        """None when no step of the interval counts (the first log line of a start)."""
+        return self.rate.examples_per_sec
 
     def scalars(self) -> dict:
         """The train scalars of the interval, by TensorBoard tag (`tower_step_sec` a per-tower list)."""

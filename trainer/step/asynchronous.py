@@ -64,16 +64,18 @@ class AsyncUpdate(Updater):
         with tf.device(placement.host):  # read by the towers' in-graph loops before every update
             self.halt = tf.Variable(False, trainable=False, name="async_halt")
         self.gate = Gate(max_staleness, halt=lambda: self.halt.assign(True))
-        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
-        self._micro_batch = tw.micro_batch_fn(model, jit_compile)  # called under the tower's device scope
-        self._critical = tf.CriticalSection(name="async_apply")
-        num_towers = len(placement.towers)
-        self._compute_fns = [tf.function(functools.partial(async_graph.compute, self, i)) for i in range(num_towers)]
-        self._apply_fn = tf.function(functools.partial(async_graph.apply, self))
-        self._loop_fns = [tf.function(functools.partial(async_graph.updates, self, i)) for i in range(num_towers)]
-        update = self._ordered_update if self.gate.ordered else self._chained_updates
-        self._tower_calls = [functools.partial(update, i) for i in range(num_towers)]  # (tickets) -> host values
-        self._call_sizes = [CallSize() for _ in range(num_towers)]
+        self.graph = async_graph.TowerGraph(
+            model,
+            optimizer,
+            placement,
+            global_step,
+            self.iterators,
+            self.halt,
+            clip_global_norm,
+            tw.micro_batch_fn(model, jit_compile),  # called under the tower's device scope
+        )
+        self._make_calls(len(placement.towers))
+        self._call_sizes = [CallSize() for _ in placement.towers]
         self._land_lock = threading.Lock()
         self._records: list[tuple] = []  # (step after apply, loss, correct, staleness, grad norm) of the window
         self._tower_sec = [[] for _ in placement.towers]
@@ -82,6 +84,15 @@ class AsyncUpdate(Updater):
         self._staleness_all: list[int] = []
         self._latest_loss: float | None = None  # of the last update, for the live progress line
         self._threads: list[threading.Thread] = []
+
+    def _make_calls(self, num_towers: int) -> None:
+        """The `tf.function`s of the towers' graphs (per tower a compute and a loop of updates, one apply), and
+        per tower the call its thread makes for a share of the window's budget ((tickets) -> host values)."""
+        self._compute_fns = [tf.function(functools.partial(self.graph.compute, i)) for i in range(num_towers)]
+        self._apply_fn = tf.function(self.graph.apply)
+        self._loop_fns = [tf.function(functools.partial(self.graph.updates, i)) for i in range(num_towers)]
+        update = self._ordered_update if self.gate.ordered else self.chained_updates
+        self._tower_calls = [functools.partial(update, i) for i in range(num_towers)]
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Applies exactly `num_steps` updates over all towers, or fewer when `should_stop()` turns true or
@@ -164,8 +175,21 @@ class AsyncUpdate(Updater):
         except BaseException as e:  # noqa: BLE001 (any tower error must end the run, never hang it)
             self.gate.fail(tower, e)
 
-    def _chained_updates(self, tower: int, tickets: list[int]) -> dict:
-        """Without a staleness bound: `len(tickets)` updates in one call (fewer when halted)."""
+    def wrap_micro_batch(self, wrap) -> None:
+        """See `Updater.wrap_micro_batch`: every tower's graph reads `self.graph.micro_batch` when it traces."""
+        self.graph.micro_batch = wrap(self.graph.micro_batch)
+
+    def compute_call(self, tower: int):
+        """One call: `tower`'s gradient of its next micro-batch (`TowerGraph.compute`'s values), not applied."""
+        return self._compute_fns[tower]()
+
+    def apply_call(self, loss, grads, non_trainable, read_step) -> dict:
+        """One call: applies `compute_call`'s values in the critical section (`TowerGraph.apply`)."""
+        return self._apply_fn(loss, grads, non_trainable, read_step)
+
+    def chained_updates(self, tower: int, tickets: list[int]) -> dict:
+        """Without a staleness bound: `len(tickets)` updates of `tower` in one call (fewer when halted),
+        computed and applied in an in-graph loop; returns the call's values with "count" a host int."""
         function, sizes = self._loop_fns[tower], self._call_sizes[tower]
         tracing_count, start = function.experimental_get_tracing_count(), time.perf_counter()
         out = function(tf.constant(len(tickets)), keep_gradients=self._keep_gradients)
@@ -176,9 +200,9 @@ class AsyncUpdate(Updater):
 
     def _ordered_update(self, tower: int, tickets: list[int]) -> dict:
         """With a staleness bound: one update, applied in the order the gate gives (its one ticket)."""
-        loss, correct, grads, non_trainable, read_step = self._compute_fns[tower]()
+        loss, correct, grads, non_trainable, read_step = self.compute_call(tower)
         self.gate.wait_turn(tickets[0])
-        m = self._apply_fn(loss, grads, non_trainable, read_step)
+        m = self.apply_call(loss, grads, non_trainable, read_step)
         records = [tf.reshape(v, [1]) for v in (m["step"], loss, correct, m["staleness"], m["grad_norm"])]
         return {"count": 1, "records": records, **{k: m[k] for k in ("finite", "learning_rate", "gradients")}}
 

@@ -1,4 +1,4 @@
-"""How many steps one `tf.function` call of the sync mode runs (`--steps_per_call`).
+"""How many steps one `tf.function` call runs (`--steps_per_call`), and the in-graph loop that runs them.
 
 A call per step costs a Python round trip per step (the call, its argument handling, reading results): on a
 20 ms step that is ~5% (`tower1_vs_plain` in benchmarks/RESULTS.md). Several steps per call, in an in-graph
@@ -8,6 +8,8 @@ free to follow the measured step time.
 """
 
 from __future__ import annotations
+
+import tensorflow as tf
 
 # Auto: calls of about this long. Short enough for the live progress line (redrawn after every call) and
 # for the divergence check (read after every call); long enough that the per-call cost is noise.
@@ -47,3 +49,26 @@ class CallSize:
         """Records a call that traced no graph: `steps` steps in `seconds`."""
         if steps > 0:
             self.sec_per_step = seconds / steps
+
+
+def in_graph_loop(body, num_steps, halt, start):
+    """Up to `num_steps` steps in one graph (call while a `tf.function` traces): a `tf.while_loop` that ends
+    early after a step that was not finite (its update not applied) or once `halt` (a bool `tf.Variable`,
+    read before every step) is true. Sync's steps and an async tower's updates both run in it.
+
+    Args:
+      body: (i, carried) -> (finite, carried): step i (a scalar tensor from 0) and the values carried from
+        step to step (`start` before the first), with the same structure.
+
+    Returns:
+      (steps run, whether the last was finite, the carried values after it).
+    """
+
+    def keep_going(i, finite, _):
+        return tf.logical_and(tf.logical_and(i < num_steps, finite), tf.logical_not(halt))
+
+    def step(i, finite, carried):
+        finite, carried = body(i, carried)
+        return i + 1, finite, carried
+
+    return tf.while_loop(keep_going, step, (tf.constant(0), tf.constant(True), start))

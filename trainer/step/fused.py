@@ -10,8 +10,8 @@ random gradients). On a short step those ops are a measurable share of the time 
 
 Only plain SGD, with or without momentum, takes the fused path: Adam's fused kernel rounds differently from
 Keras's (up to ~1e-6 apart after 30 steps), and anything that changes the update (Nesterov, weight decay,
-clipping inside the optimizer, EMA, gradient accumulation, loss scaling, variable constraints) goes through
-`apply_gradients` unchanged.
+clipping inside the optimizer, EMA, gradient accumulation, loss scaling, variable constraints) takes one of
+the other paths of `trainer.step.update`, which chooses.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from trainer.step import spread
 
 
 def fusable(optimizer) -> bool:
-    """Whether `apply_gradients(optimizer, ...)` takes the fused path for this optimizer."""
+    """Whether this optimizer's update can be the fused kernels (`trainer.step.update` then takes them)."""
     return (
         type(optimizer) is keras.optimizers.SGD
         and not optimizer.nesterov
@@ -37,25 +37,21 @@ def fusable(optimizer) -> bool:
     )
 
 
-def apply_gradients(optimizer, grads: list, variables: list, learning_rate=None) -> None:
-    """Applies `grads` to `variables` as `optimizer.apply_gradients` does, with fused kernels when `fusable`.
+def apply(optimizer, grads: list, variables: list, learning_rate) -> None:
+    """Applies `grads` to `variables` with one fused kernel per variable, on the variable's device, as
+    `optimizer.apply_gradients` would for a `fusable` optimizer; `learning_rate` is its current rate.
 
-    `learning_rate`: the optimizer's current rate if the caller has it already (the schedule's ops then run
-    once per step, not twice); the fused path reads `optimizer.learning_rate` otherwise.
-
-    The optimizer's own slots (momentum) and `iterations` are the ones updated, so checkpoints and a later
-    `apply_gradients` see the same state either way.
+    `variables` is the list the optimizer was built with, in that order: Keras keeps one momentum slot per
+    variable in that order, so the i-th slot is the i-th variable's. The optimizer's own slots and
+    `iterations` are the ones updated, so checkpoints and a later `apply_gradients` see the same state.
     """
-    if not fusable(optimizer) or any(v.constraint is not None for v in variables):
-        optimizer.apply_gradients(zip(grads, variables, strict=True))
-        return
-    if learning_rate is None:
-        learning_rate = optimizer.learning_rate  # the schedule, evaluated once for every variable
     if not optimizer.built:
         optimizer.build(variables)
+    if optimizer.momentum and len(optimizer.momentums) != len(variables):
+        raise ValueError(f"{len(variables)} variables for an optimizer built with {len(optimizer.momentums)}")
     constants = {}  # (dtype, device) -> the learning rate and momentum there, built once
-    for grad, variable in zip(grads, variables, strict=True):
-        var = variable.value
+    for index, (grad, variable) in enumerate(zip(grads, variables, strict=True)):
+        var = variable.value if isinstance(variable, keras.Variable) else variable
         device = spread.device_of(variable)
         with tf.device(device):  # where Keras's update runs too: with its variable
             key = (var.dtype, device)
@@ -65,7 +61,7 @@ def apply_gradients(optimizer, grads: list, variables: list, learning_rate=None)
             if optimizer.momentum == 0:
                 tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
                 continue
-            accum = optimizer.momentums[optimizer._get_variable_index(variable)].value
+            accum = optimizer.momentums[index].value
             tf.raw_ops.ResourceApplyKerasMomentum(
                 var=var.handle, accum=accum.handle, lr=lr, grad=grad, momentum=momentum, use_nesterov=False
             )

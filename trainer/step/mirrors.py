@@ -29,7 +29,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step import fused, spread
+from trainer.step import spread, update
 
 # A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
 SHARE = 4
@@ -92,7 +92,6 @@ class Mirrors:
                 with tf.device(layout.hosts[task]):
                     self.optimizers[task] = make_optimizer()
                     self.optimizers[task].build(list(replicas.values()))
-                spread.place_updates(self.optimizers[task])
 
     @staticmethod
     def _replica(variable, device: str, task: int):
@@ -118,7 +117,7 @@ class Mirrors:
         for task, optimizer in self.optimizers.items():
             replicas = self.replicas[task]
             grads = clip([replica_grads[task][i] for i in replicas])
-            fused.apply_gradients(optimizer, grads, list(replicas.values()))
+            update.apply_gradients(optimizer, grads, list(replicas.values()))
 
     def sync(self) -> None:
         """Sets every replica and its optimizer's state from the model's variable and the run's optimizer (before

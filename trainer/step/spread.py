@@ -129,34 +129,6 @@ def read_values(variables) -> list[tf.Tensor]:
     return values
 
 
-def place_updates(optimizer) -> None:
-    """Makes `optimizer` compute each variable's update on that variable's device.
-
-    Keras builds every update's arithmetic under the ambient device scope and routes all gradients through a
-    default-strategy all-reduce (an identity, also under the ambient scope). Under a single parameter device
-    that is where the variables are anyway; spread, it would pull every gradient to one device. The slots
-    need nothing: Keras creates each one colocated with its variable (`add_variable_from_reference`).
-    The arithmetic is the same; only its device changes. fp16's loss-scale optimizer still unscales and
-    checks the gradients under the ambient device.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    update_step, weight_decay = inner.update_step, inner._apply_weight_decay
-
-    def placed_update_step(gradient, variable, learning_rate):
-        with tf.device(device_of(variable)):
-            return update_step(gradient, variable, learning_rate)
-
-    def placed_weight_decay(variables):
-        for variable in variables:
-            with tf.device(device_of(variable)):
-                weight_decay([variable])
-
-    inner.update_step = placed_update_step
-    inner._apply_weight_decay = placed_weight_decay
-    # Outside any tf.distribute strategy the all-reduce sums one replica: the gradients themselves.
-    inner._all_reduce_sum_gradients = list
-
-
 def parameter_devices(variables) -> list[str]:
     """The sorted devices holding `variables` (for metrics.json)."""
     return sorted({device_of(v) for v in variables})

@@ -17,7 +17,7 @@ import tensorflow as tf
 from trainer.step import mirrors as mirrors_lib
 from trainer.step import spread, tree
 from trainer.step import towers as tw
-from trainer.step.calls import CallSize
+from trainer.step.calls import CallSize, in_graph_loop
 from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement, tower_of_micro_batch
 from trainer.system.stop import Diverged
@@ -82,12 +82,7 @@ class SyncUpdate(Updater):
             placement.parameter_device,
         )
         self._layout = tree.Layout.of(placement, num_micro_batches)
-        mirrored = []
-        if make_optimizer is not None:
-            variables, spread_over = model.trainable_variables, placement.spread_over
-            loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-            mirrored = mirrors_lib.choose(variables, placement.num_tasks, spread_over, loss_scaled)
-        self.mirrors = mirrors_lib.Mirrors(model, mirrored, self._layout, make_optimizer, optimizer)
+        self.mirrors = self._make_mirrors(make_optimizer)
         self._micro_batch = tw.micro_batch_fn(model, jit_compile)
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
@@ -97,6 +92,15 @@ class SyncUpdate(Updater):
         self._latest_loss = None  # the last step's loss (a tensor): read on the host only when asked
         self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
         self._finished = 0  # steps finished by this process (`steps_finished`)
+
+    def _make_mirrors(self, make_optimizer) -> mirrors_lib.Mirrors:
+        """The mirrored variables' replicas (`trainer.step.mirrors`); none without `make_optimizer`."""
+        mirrored = []
+        if make_optimizer is not None:
+            variables, spread_over = self.model.trainable_variables, self.placement.spread_over
+            loss_scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+            mirrored = mirrors_lib.choose(variables, self.placement.num_tasks, spread_over, loss_scaled)
+        return mirrors_lib.Mirrors(self.model, mirrored, self._layout, make_optimizer, self.optimizer)
 
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true or `interrupt()` is called.
@@ -189,19 +193,19 @@ class SyncUpdate(Updater):
         return self._step_number
 
     def _lean_steps(self, iterators, num_steps, totals):
-        """Up to `num_steps` steps in one graph: ends early at a step that was not finite (its update not
-        applied) or once interrupted. Returns (steps run, finite, sums, last loss, step, bad micro-batch)."""
+        """Up to `num_steps` steps in one graph (`trainer.step.calls.in_graph_loop`): ends early at a step that
+        was not finite (its update not applied) or once interrupted. Returns (steps run, finite, sums, last
+        loss, step, bad micro-batch)."""
 
-        def keep_going(i, finite, *_):
-            return tf.logical_and(tf.logical_and(i < num_steps, finite), tf.logical_not(self._interrupted))
-
-        def one_step(i, finite, totals, last_loss, step, bad):
+        def one_step(_, carried):
+            totals = carried[0]
             m = self._step(iterators, report=False, want_gradients=False)
             totals = (totals[0] + m["loss"], totals[1] + m["correct"], totals[2] + m["grad_norm"])
-            return i + 1, m["finite"], totals, m["loss"], m["step"], m["bad_micro_batch"]
+            return m["finite"], (totals, m["loss"], m["step"], m["bad_micro_batch"])
 
-        start = (tf.constant(0), tf.constant(True), totals, tf.constant(0.0), self.global_step.read_value(), -1)
-        return tf.while_loop(keep_going, one_step, start)
+        start = (totals, tf.constant(0.0), self.global_step.read_value(), -1)
+        ran, finite, (totals, last_loss, step, bad) = in_graph_loop(one_step, num_steps, self._interrupted, start)
+        return ran, finite, totals, last_loss, step, bad
 
     def _raise_if_diverged(self, finite, step, micro_batch) -> None:
         if bool(finite):
@@ -214,6 +218,16 @@ class SyncUpdate(Updater):
 
     def close(self) -> None:
         """Nothing to release: the sync mode has no threads."""
+
+    def wrap_micro_batch(self, wrap) -> None:
+        """See `Updater.wrap_micro_batch`: `_run_towers` calls the function when the step traces."""
+        self._micro_batch = wrap(self._micro_batch)
+
+    def step_graph(self):
+        """The traced graph of one step as the lean calls run it (no tower times, no gradients returned): what
+        `trainer.step.traffic.count` counts the bytes of, per device (`benchmarks/traffic.py`, the tests)."""
+        iterators = [it.iterator for it in self.iterators]
+        return self._step_fn.get_concrete_function(iterators, False, False).graph
 
     def _step(self, iterators, report: bool, want_gradients: bool):
         placement = self.placement

@@ -14,7 +14,7 @@ import functools
 import keras
 import tensorflow as tf
 
-from trainer.step import fused, tree
+from trainer.step import tree, update
 
 # Room for this many random draws per layer per micro-batch before two micro-batches' seeds could overlap.
 _DRAWS_PER_MICRO_BATCH = 1024
@@ -211,8 +211,8 @@ def apply_update(
     grads = clip(grads)
     learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
 
-    def update():
-        fused.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
+    def apply_all():
+        update.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
         for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
             if value is not None:
                 with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
@@ -223,9 +223,9 @@ def apply_update(
 
     if loss_scale is None:
         finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(scaled_norm))
-        step = tf.cond(finite, update, global_step.read_value)
+        step = tf.cond(finite, apply_all, global_step.read_value)
     else:
-        finite, step = tf.constant(True), update()
+        finite, step = tf.constant(True), apply_all()
     return {
         "step": step,
         "finite": finite,

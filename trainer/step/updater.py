@@ -77,6 +77,13 @@ class Updater(abc.ABC):
     def latest_loss(self) -> float | None:
         """The loss of the latest update, None before the first; read by the live progress line (once a second)."""
 
+    @abc.abstractmethod
+    def wrap_micro_batch(self, wrap) -> None:
+        """Replaces the function every tower runs per micro-batch with `wrap(it)`; call before the first step
+        traces. The function is `trainer.step.towers.micro_batch_fn`'s: (trainable values, non-trainable
+        values, features, labels, loss scale) -> `MicroBatchResult`, called under the tower's device scope.
+        A seam for measurements (`benchmarks/slow_tower.py` slows one tower), not used in training."""
+
     @property
     def staleness_all(self) -> list[int]:
         """The staleness of every update of this process (a resumed run counts from its restart); empty in
