@@ -111,31 +111,48 @@ def training_dataset(
             gathered by id, with no tf.data element per record. Keep it across rebuilds of the stream.
     """
     bad_records = _registered(info, stream, training=True)
-    drop = True if stream.drop_remainder is None else stream.drop_remainder
     share = order_lib.training_share(info.files, stream.worker_index, stream.num_workers)
-    key = augment_lib.stream_key(stream.seed, stream.worker_index)
-    start = resume_from or (0, 0)
+    where = _Start(share, augment_lib.stream_key(stream.seed, stream.worker_index), resume_from or (0, 0))
     if cache is None:
-        parse = batch_parser(info, stream.num_classes, preprocess=stream.preprocess, training=True, stream_key=key)
-        read = bad_records.chunk_reader(info)
-        records = order_lib.training_records(share, stream.seed, stream.shuffle_buffer, read, start)
-        batches = order_lib.position_batches(records, stream.batch_size, drop)
+        parse, batches = _from_files(info, stream, where, bad_records)
     else:
-        parse = cached_parser(_checked(cache, share, stream.worker_index), info, stream.preprocess or Preprocess(), key)
-        ids = order_lib.stream_order(cache.starts, cache.counts, share, stream.seed, stream.shuffle_buffer)
-        batches = order_lib.id_batches(ids, start, stream.batch_size, drop)
+        parse, batches = _from_cache(info, stream, where, cache)
     return _finished(batches.map(_with_position(parse, keep=resume_from is not None), **_IN_ORDER))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where a training stream starts: its share of the files, its augmentation key, its (epoch, record)."""
+
+    share: order_lib.Share
+    key: tf.Tensor
+    position: tuple[int, int]
+
+
+def _from_files(info: RecordInfo, stream: Stream, start: _Start, bad_records: BadRecords):
+    """(parse, batches of (positions, serialized records)): the training stream read from its files."""
+    parse = batch_parser(info, stream.num_classes, preprocess=stream.preprocess, training=True, stream_key=start.key)
+    read = bad_records.chunk_reader(info)
+    records = order_lib.training_records(start.share, stream.seed, stream.shuffle_buffer, read, start.position)
+    return parse, order_lib.position_batches(records, stream.batch_size, _drop(stream, True))
+
+
+def _from_cache(info: RecordInfo, stream: Stream, start: _Start, cache: DecodedRecords):
+    """(parse, batches of (positions, record ids)): the same stream over its decoded records, bit for bit."""
+    _check_cache(cache, start.share, stream.worker_index)
+    parse = cached_parser(cache, info, stream.preprocess or Preprocess(), start.key)
+    ids = order_lib.stream_order(cache.starts, cache.counts, start.share, stream.seed, stream.shuffle_buffer)
+    return parse, order_lib.id_batches(ids, start.position, stream.batch_size, _drop(stream, True))
 
 
 def eval_dataset(info: RecordInfo, stream: Stream) -> tf.data.Dataset:
     """This worker's files in order, each record once, no shuffle, the last batch maybe short. With fewer
     files than workers, every eval worker reads all files and keeps every num_workers-th record."""
     _registered(info, stream, training=False)
-    drop = False if stream.drop_remainder is None else stream.drop_remainder
     records = order_lib.eval_records(info.files, stream.worker_index, stream.num_workers)
     # Parse whole batches: one vectorized parse op per batch instead of one per example. Per-element
     # tf.data overhead dominates small images: this reads the 8x8 digits ~1.5x faster on 2 cores.
-    batches = records.batch(stream.batch_size, drop_remainder=drop)
+    batches = records.batch(stream.batch_size, drop_remainder=_drop(stream, False))
     return _finished(batches.map(batch_parser(info, stream.num_classes, preprocess=stream.preprocess), **_IN_ORDER))
 
 
@@ -168,10 +185,14 @@ def _registered(info: RecordInfo, stream: Stream, training: bool) -> BadRecords:
     return bad_records
 
 
-def _checked(cache: DecodedRecords, share: order_lib.Share, worker_index: int) -> DecodedRecords:
+def _drop(stream: Stream, training: bool) -> bool:
+    """Whether to drop a short last batch: as the stream says, else in training only."""
+    return training if stream.drop_remainder is None else stream.drop_remainder
+
+
+def _check_cache(cache: DecodedRecords, share: order_lib.Share, worker_index: int) -> None:
     if cache.files != tuple(share.files):
         raise DataError(f"the cache holds {list(cache.files)}, but worker {worker_index} reads {list(share.files)}")
-    return cache
 
 
 def _with_position(parse, keep: bool):
