@@ -6,7 +6,7 @@ CPU-seconds, every window ending idle as in `benchmarks.input_figures`); a stage
 median microseconds per image minus the previous one's. The stages are towerflow's own functions:
 
     read      the files' records in chunks (data.integrity's reader), batched; no shuffle
-    shuffle   the reader's epoch order: files, chunks and the shuffle buffer, with positions (data.reader)
+    shuffle   the reader's epoch order: files, chunks and the shuffle buffer, with positions (data.order)
     parse     tf.io.parse_example and the label check
     key       each example's stateless key (data.augment.example_keys)
     window    imagenet: the JPEG's shape and its random-resized-crop window
@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from benchmarks import input_figures, input_only, input_pipelines
 from data import augment as augment_lib
-from data import parse, reader, schema
+from data import order, parse, schema
 from data.integrity import BadRecords
 
 IMAGE_SIZE = (224, 224)
@@ -47,10 +47,10 @@ _SPEC = {
 def _records(info, shuffled: bool, batch_size: int) -> tf.data.Dataset:
     bad_records = BadRecords()
     bad_records.register(info, None, True)
-    share = reader._training_share(info.files, 0, 1)
+    share = order.training_share(info.files, 0, 1)
     if shuffled:
-        records = reader._training_records(share, 0, 10_000, bad_records.chunk_reader(info), (0, 0))
-        return reader._position_batches(records, batch_size, True)
+        records = order.training_records(share, 0, 10_000, bad_records.chunk_reader(info), (0, 0))
+        return order.position_batches(records, batch_size, True)
     files = tf.data.Dataset.from_tensor_slices(share[0]).repeat()
     records = files.interleave(bad_records.chunk_reader(info), num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     return records.batch(batch_size, drop_remainder=True).map(lambda r: (tf.zeros([batch_size, 2], tf.int64), r))

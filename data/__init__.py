@@ -1,4 +1,4 @@
-"""TFRecord input for towerflow: schemas, reader (tf.data pipeline), writer, the digits data set.
+"""TFRecord input for towerflow: schemas, inspection, the tf.data pipelines, writer, the digits data set.
 
 The schema names import at once; the rest loads on first use (PEP 562), because importing TensorFlow takes
 seconds and `python -m data.prepare` validates its arguments before that.
@@ -15,22 +15,26 @@ if TYPE_CHECKING:
     from data.cache import AUTO_CACHE_BYTES, DecodedRecords, estimated_bytes
     from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
+    from data.inspect import inspect_records, list_files
     from data.integrity import BadRecords
     from data.parse import decoded_images, serving_images
-    from data.reader import decode_share, inspect_records, list_files, make_dataset
+    from data.pipeline import Stream, decode_share, eval_dataset, make_dataset, training_dataset
     from data.writer import write_dense_records, write_image_records
 
 _LAZY = {
     "AUTO_CACHE_BYTES": "data.cache",
     "DecodedRecords": "data.cache",
-    "decode_share": "data.reader",
+    "decode_share": "data.pipeline",
     "estimated_bytes": "data.cache",
     "BadRecords": "data.integrity",
     "check_records": "data.check",
     "find_bad_record": "data.check",
-    "inspect_records": "data.reader",
-    "make_dataset": "data.reader",
-    "list_files": "data.reader",
+    "eval_dataset": "data.pipeline",
+    "inspect_records": "data.inspect",
+    "make_dataset": "data.pipeline",
+    "list_files": "data.inspect",
+    "Stream": "data.pipeline",
+    "training_dataset": "data.pipeline",
     "write_image_records": "data.writer",
     "write_dense_records": "data.writer",
     "ensure_digits": "data.digits",
@@ -48,15 +52,18 @@ __all__ = [
     "DenseSchema",
     "ImageSchema",
     "RecordInfo",
+    "Stream",
     "check_records",
     "decode_share",
     "decoded_images",
+    "eval_dataset",
     "ensure_digits",
     "find_bad_record",
     "inspect_records",
     "list_files",
     "make_dataset",
     "serving_images",
+    "training_dataset",
     "write_dense_records",
     "write_image_records",
 ]

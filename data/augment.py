@@ -1,8 +1,9 @@
 """Per-example image preprocessing: decode (only the crop, for JPEG random-resized crops), augment, normalize.
 
 Randomness is stateless and keyed on the example's position in the run: (seed, input stream, epoch, record
-index), the position `data.reader` already carries for exact resumes. So what an example looks like depends
-on neither the towers, the machines, the parallelism of the map, nor a kill and resume.
+index), the position the training pipeline (`data.order.training_records`) already carries for exact resumes.
+So what an example looks like depends on neither the towers, the machines, the parallelism of the map, nor a
+kill and resume.
 
 Augmentations (training only; eval is never random):
 - flip: random horizontal flip.

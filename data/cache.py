@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import schema as schema_lib
+from data.parse import raw_image_parser
 from data.schema import DataError, RecordInfo
 
 # --cache=auto caches when the estimated memory of the decoded training images is below this.
@@ -30,7 +31,7 @@ class DecodedRecords:
     [starts[f], starts[f] + counts[f]).
 
     Attributes:
-        files: The stream's files, as `data.reader` reads them.
+        files: The stream's files, as `data.order.training_share` gives them.
         starts, counts: Per file, the first record id and the number of records.
         labels: int32 [N], after label_offset, checked against num_classes.
         images: uint8 [N, H, W, C] when every image has one shape, else None.
@@ -62,8 +63,6 @@ def decode_records(info: RecordInfo, files, num_classes: int | None, bad_records
         DataError: A record that does not parse or decode, a label outside [0, num_classes), images of
             several sizes without image_size, or more corrupt records than the budget.
     """
-    from data.parse import raw_image_parser  # noqa: PLC0415 (data.parse imports this module)
-
     bad_records.register(info, num_classes, True)
     read = bad_records.chunk_reader(info)
     parse = raw_image_parser(info, num_classes)

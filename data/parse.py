@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from data import augment as augment_lib
 from data import schema as schema_lib
 from data.schema import DenseSchema, ImageSchema, Preprocess, RecordInfo
-
-if TYPE_CHECKING:
-    from data.cache import DecodedRecords
 
 # Images of one batch decoded concurrently; the loop overhead, not the decoding, limits small images.
 _PARALLELISM = 32
@@ -65,8 +61,9 @@ def batch_parser(
     return parse
 
 
-def cached_parser(records: DecodedRecords, info: RecordInfo, preprocess: Preprocess, stream_key: tf.Tensor):
-    """Returns `parse(ids [B] int64, positions [B, 2] int64) -> (features, labels)` over decoded `records`:
+def cached_parser(records, info: RecordInfo, preprocess: Preprocess, stream_key: tf.Tensor):
+    """Returns `parse(ids [B] int64, positions [B, 2] int64) -> (features, labels)` over decoded `records` (a
+    `data.cache.DecodedRecords`, which is built with this module's `raw_image_parser`: so not imported here):
     the values `batch_parser(..., training=True)` gives for the same records, without parsing or decoding."""
     random = _is_random(preprocess, True, stream_key)
     load = _image_loader(info.schema, info.example_shape, preprocess.augment, random, records)

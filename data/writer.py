@@ -1,4 +1,4 @@
-"""Writing numpy arrays as sharded TFRecord files in the schemas `data.reader` reads."""
+"""Writing numpy arrays as sharded TFRecord files in the schemas `data.inspect` recognises."""
 
 from __future__ import annotations
 

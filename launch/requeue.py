@@ -6,7 +6,7 @@ trainer checkpoints at the next step boundary and then calls `requeue`, which pu
 (`scontrol requeue`); the next start resumes from that checkpoint. Preemption needs none of this: Slurm
 requeues a preempted `--requeue` job by itself, after SIGTERM.
 
-A lost task requeues the job too (`trainer.outputs.lost`, after a multi-task step), by the same rule. A
+A lost task requeues the job too (`launch.lost`, after a multi-task step), by the same rule. A
 requeue is refused when it would not help: outside Slurm, when the training is already done,
 when an attempt that was already training could not finish a single step before the warning (requeueing it
 would only repeat that, forever), or after `max_requeues` requeues in a row that made no progress (no newer
@@ -20,6 +20,16 @@ import dataclasses
 import subprocess
 
 from launch.cluster import SlurmJob
+
+# The file of a run's attempts in model_dir and how each ended (`trainer.outputs.attempts` writes it; the batch
+# shell's `launch.lost` reads it and records its requeue): what both sides read.
+ATTEMPTS_FILE = "attempts.json"
+RUNNING = "running"
+LOST = "lost a task"  # the outcome the peer watch records (trainer.system.peers)
+KILLED = "killed or lost"
+REQUEUED = "requeued"  # how every requeued attempt's outcome starts
+TIME_LIMIT_REQUEUED = "requeued for the time limit"
+LOST_REQUEUED = "requeued after a lost task"
 
 
 class RequeueError(RuntimeError):
@@ -39,6 +49,24 @@ class History:
 
     requeues: int = 0
     without_progress: int = 0
+
+
+def history(earlier: list[dict], job_id: str) -> History:
+    """The requeues of Slurm job `job_id` among `earlier` attempts (attempts.json's records, oldest first, the
+    current attempt left out): all of them, and the latest ones in a row that checkpointed no newer step than
+    they resumed from (any attempt of the job that did ends the row)."""
+    ours = [a for a in earlier if a["slurm_job_id"] == job_id]
+    without_progress = 0
+    for attempt in reversed(ours):
+        if attempt["step"] > attempt["resumed_from_step"]:
+            break
+        without_progress += attempt["outcome"].startswith(REQUEUED)
+    return History(sum(a["outcome"].startswith(REQUEUED) for a in ours), without_progress)
+
+
+def killed(step: int) -> str:
+    """The outcome of an attempt that recorded no end (SIGKILL, a lost node, an out-of-memory kill)."""
+    return f"{KILLED} (no end recorded; last checkpointed step {step})"
 
 
 def decide(
@@ -99,3 +127,15 @@ def requeue(job: SlurmJob, timeout_sec: float = 60.0) -> None:
     if result.returncode != 0:
         output = (result.stderr or result.stdout).strip()
         raise RequeueError(f"{' '.join(command)} exited {result.returncode}: {output}")
+
+
+def carry_out(decision: Decision, job: SlurmJob | None, outcome: str, requeued: str, why: str) -> tuple[str, str]:
+    """Requeues the job if `decision` says so. Returns what to record as the attempt's end (`outcome`, and what
+    became of the requeue: prefixed `requeued` when done) and the log line, starting with `why`."""
+    if not decision.requeue:
+        return f"{outcome}; not requeued: {decision.reason}", f"{why}: not requeued: {decision.reason}"
+    try:
+        requeue(job)
+    except RequeueError as e:
+        return f"{outcome}; requeue failed: {e}", f"{why}: requeue failed: {e}. Resubmit the job to resume."
+    return f"{requeued} ({decision.reason}); {outcome}", f"{why}: job {job.requeue_target} requeued ({decision.reason})"

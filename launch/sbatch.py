@@ -35,7 +35,7 @@ node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks
   being cancelled): the chief finished its step, checkpointed and exited 75 a second later
   (tests/test_slurm_jobs.py). Elsewhere, treat KillWait as the budget for the step in progress plus one
   checkpoint. `scancel --signal=TERM JOB` (no --full/--batch) signals the step tasks only, not srun.
-- After the step, the batch shell (on the first node, the chief's) runs `python -m trainer.outputs.lost`:
+- After the step, the batch shell (on the first node, the chief's) runs `python -m launch.lost`:
   when the run's last attempt ended because a task was lost (`--peer_timeout_sec` passed, a killed task, the
   chief killed without a word), it requeues the job (`scontrol requeue`), capped like a time-limit requeue
   (`launch/requeue.py`), and records it in attempts.json. Anything else (finished, stopped by a signal, a
@@ -202,7 +202,7 @@ _TASKS_COMMENT = (
     "# task directly too. srun does not forward a SIGTERM it gets (it asks for SIGKILL instead); on Slurm 22.05",
     "# that does not cut short the tasks' KillWait grace when the job is being requeued. --kill-on-bad-exit=1:",
     "# a failed task ends the step rather than leaving the others waiting for it. After the step, a lost task",
-    "# (a node cut off or frozen past --peer_timeout_sec, a killed task) requeues the job: trainer.outputs.lost.",
+    "# (a node cut off or frozen past --peer_timeout_sec, a killed task) requeues the job: launch.lost.",
 )
 
 
@@ -234,11 +234,11 @@ def _shell(command: list[str]) -> str:
 
 
 def _step_then_requeue_if_lost(spec: JobSpec, srun: list[str]) -> list[str]:
-    """The batch shell starts the step, and `trainer.outputs.lost` waits for it: it ends an srun that still
+    """The batch shell starts the step, and `launch.lost` waits for it: it ends an srun that still
     waits for a task 30 s after the chief's attempt ended (a node's task-exit message lost in an outage), then
     asks the run's attempts.json (the chief's node is this one) whether a task was lost, requeueing the job if
     so. The TERM trap keeps the shell alive while the tasks checkpoint after a preemption."""
-    requeue = [spec.python, "-u", "-m", "trainer.outputs.lost", f"--model_dir={spec.model_dir}"]
+    requeue = [spec.python, "-u", "-m", "launch.lost", f"--model_dir={spec.model_dir}"]
     return [
         "trap 'echo \"=== towerflow: SIGTERM to the batch shell\"' TERM",
         _shell(srun) + " &",

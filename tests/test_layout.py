@@ -1,18 +1,162 @@
-"""trainer/'s floors (docs/architecture.md): a module imports from its own floor or the floors below it, never
-from above, at module level or inside a function; and `trainer.settings` imports no TensorFlow, so bad flags
-fail before it loads."""
+"""The floors of the repository (docs/architecture.md), read from every module's imports, at module level or
+inside a function (a function-level import is the same dependency, only later):
+
+- inside each package (trainer, data, launch, models, benchmarks), no import circle;
+- between packages, no import going up: data and models import nothing from trainer, launch or benchmarks
+  (nor from each other), launch nothing from data, models or benchmarks and from trainer only what
+  docs/architecture.md allows, trainer nothing from benchmarks; none of them imports tests;
+- inside trainer/, a module imports from its own floor or the floors below it, never from above;
+- launch/ and `trainer.settings` import no TensorFlow, so bad flags and Slurm's tools fail or run before it.
+"""
+
+from __future__ import annotations
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
-TRAINER = pathlib.Path(__file__).resolve().parent.parent / "trainer"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TRAINER = ROOT / "trainer"
+PACKAGES = ("trainer", "data", "launch", "models", "benchmarks")
 FLOORS = {"settings": 1, "system": 2, "step": 3, "outputs": 4, "loop": 5, "__main__": 6, "cli": 6}
+# Packages each package may not import (its own floor and what is above it).
+FORBIDDEN = {
+    "trainer": {"benchmarks", "tests"},
+    "data": {"trainer", "launch", "benchmarks", "models", "tests"},
+    "models": {"trainer", "launch", "benchmarks", "data", "tests"},
+    "launch": {"data", "models", "benchmarks", "tests"},
+    "benchmarks": {"tests"},
+}
+# launch/ runs before and around the trainer, without TensorFlow: what it may borrow from trainer/.
+# launch/slurm.py checks the trainer's flags before submitting, as `python -m trainer` settles them.
+LAUNCH_MAY_IMPORT = {"launch/slurm.py": ("trainer.settings", "trainer.step.modes")}
+TENSORFLOW = ("tensorflow", "keras", "tf_keras")
+KNOWN_CIRCLES = {
+    "benchmarks": pytest.mark.xfail(
+        strict=True, reason="benchmarks.input_figures <-> benchmarks.input_only: removed on the bench branch"
+    )
+}
 
 
-def _modules():
-    return sorted(p for p in TRAINER.rglob("*.py") if p.name != "__init__.py" or p.parent != TRAINER)
+def _modules(package: str) -> list[pathlib.Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _dotted(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> list[str]:
+    """Every module `path` imports, anywhere in it. `from a import b` imports module `a.b` when there is one
+    (importing `a` first is Python's, not a dependency of the code), else a name of module `a`."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [_module_or_name(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return names
+
+
+def _module_or_name(module: str, name: str) -> str:
+    inner = ROOT.joinpath(*module.split("."), name)
+    return f"{module}.{name}" if inner.with_suffix(".py").is_file() or (inner / "__init__.py").is_file() else module
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (a package's `__init__` is the package's name)."""
+    modules = {_dotted(path): path for path in _modules(package)}
+    return {name: {n for n in _imports(path) if n in modules and n != name} for name, path in modules.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: each strongly connected set of two modules or more, as one circle through
+    them (a -> b -> ... -> a), found by a depth-first walk (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = set(stack[stack.index(node) :])
+            del stack[stack.index(node) :]
+            on_stack.difference_update(members)
+            if len(members) > 1:
+                found.append(_path_through(graph, members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path_through(graph: dict[str, set[str]], members: set[str]) -> list[str]:
+    """A circle inside `members` (strongly connected), from its first module back to it, for the message."""
+    start = min(members)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth first: the shortest way back to `start`
+        node = frontier.pop(0)
+        for nxt in sorted(graph[node] & members):
+            if nxt == start:
+                return [*paths[node], start]
+            if nxt not in paths:
+                paths[nxt] = [*paths[node], nxt]
+                frontier.append(nxt)
+    raise AssertionError(f"{members} is not a circle")
+
+
+@pytest.mark.parametrize("package", [pytest.param(p, marks=KNOWN_CIRCLES.get(p, ())) for p in PACKAGES])
+def test_no_import_circle_inside_a_package(package):
+    circles = [" -> ".join(circle) for circle in _circles(_graph(package))]
+    assert circles == [], f"import circles in {package}/: {circles}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_one_above_it(package):
+    upward = []
+    for path in _modules(package):
+        allowed = LAUNCH_MAY_IMPORT.get(str(path.relative_to(ROOT)), ())
+        for name in _imports(path):
+            if name.split(".")[0] in FORBIDDEN[package] or (
+                package == "launch" and name.split(".")[0] == "trainer" and not name.startswith(allowed or ("-",))
+            ):
+                upward.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert upward == [], f"{package}/ imports from above it: {upward}"
+
+
+@pytest.mark.parametrize("package", ["launch", "trainer/settings"])
+def test_imports_no_tensorflow(package):
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules(package)
+        for name in _imports(path)
+        if name.split(".")[0] in TENSORFLOW
+    ]
+    assert found == []
+
+
+def test_importing_every_launch_module_loads_no_tensorflow():
+    """What launch/ borrows from trainer/ may not bring TensorFlow in either: imported for real, in a fresh
+    interpreter."""
+    names = [_dotted(path) for path in _modules("launch")]
+    loaded = f"sorted(m for m in sys.modules if m in {TENSORFLOW!r})"
+    code = f"import sys\nfor n in {names!r}: __import__(n)\nprint({loaded})"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def _floor(dotted: str) -> int | None:
@@ -20,34 +164,22 @@ def _floor(dotted: str) -> int | None:
     return FLOORS.get(parts[1]) if parts[0] == "trainer" and len(parts) > 1 else None
 
 
-def _imports(path: pathlib.Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names if node.module == "trainer"]
-        elif isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-    return names
-
-
-def _dotted(path: pathlib.Path) -> str:
-    return ".".join(("trainer", *path.relative_to(TRAINER).with_suffix("").parts))
-
-
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(TRAINER)))
-def test_no_module_imports_from_a_floor_above_its_own(path):
+@pytest.mark.parametrize(
+    "path",
+    [p for p in _modules("trainer") if p.parent != TRAINER or p.name != "__init__.py"],
+    ids=lambda p: str(p.relative_to(TRAINER)),
+)
+def test_no_trainer_module_imports_from_a_floor_above_its_own(path):
     own = _floor(_dotted(path))
     assert own is not None, f"{path} is on no floor: add its package to FLOORS and docs/architecture.md"
     above = [name for name in _imports(path) if (_floor(name) or 0) > own]
     assert above == []
 
 
-def test_the_settings_floor_imports_no_tensorflow():
-    for path in (TRAINER / "settings").glob("*.py"):
-        assert not [n for n in _imports(path) if n.split(".")[0] in ("tensorflow", "keras")], path
-
-
-def test_the_floor_check_sees_an_upward_import(tmp_path):
+def test_the_checks_see_an_upward_import_and_a_circle(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from trainer.loop import run\n")
-    assert [n for n in _imports(module) if (_floor(n) or 0) > 1] == ["trainer.loop"]
+    assert [n for n in _imports(module) if (_floor(n) or 0) > 1] == ["trainer.loop.run"]
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a", "p.d"}, "p.d": set(), "p.e": {"p.d"}}
+    assert _circles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
+    assert _circles({"p.a": {"p.b"}, "p.b": {"p.d"}, "p.d": set()}) == []

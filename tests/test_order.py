@@ -9,7 +9,7 @@ import tensorflow as tf
 from _data_helpers import _images
 
 import data
-from data import order, reader
+from data import order
 from data.integrity import CHUNK
 
 
@@ -30,8 +30,8 @@ def _id_reader(counts):
 def _reader_stream(counts, seed, shuffle_buffer, share_index, shares, start, num_records):
     """Positions and ids of the first `num_records` records of the reader's own pipeline over ids."""
     share = ([str(f) for f in range(len(counts))], share_index, shares)
-    records = reader._training_records(share, seed, shuffle_buffer, _id_reader(counts), start)
-    positions, ids = reader._position_batches(records, num_records, True).take(1).get_single_element()
+    records = order.training_records(share, seed, shuffle_buffer, _id_reader(counts), start)
+    positions, ids = order.position_batches(records, num_records, True).take(1).get_single_element()
     return positions.numpy(), ids.numpy()
 
 

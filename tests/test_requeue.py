@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from launch import requeue
+from launch import lost, requeue
 from launch.cluster import SlurmJob, slurm_job
 from trainer.loop.run import train
 from trainer.outputs import attempts as attempts_lib
-from trainer.outputs import lost
 from trainer.system import stop as stop_lib
 
 JOB = SlurmJob("101")
@@ -194,7 +193,7 @@ def test_a_lost_task_requeues_the_job_by_the_rule_of_time_limits(
     records = [_attempt(i + 1, *earlier) for i, earlier in enumerate(history)]
     records.append(_attempt(len(records) + 1, *last))
     (tmp_path / "attempts.json").write_text(json.dumps(records))
-    said = attempts_lib.after_lost_task(attempts_lib.AttemptLog(str(tmp_path)), slurm_job(os.environ), 3)
+    said = lost.after_lost_task(str(tmp_path), slurm_job(os.environ), 3)
     assert line in said
     assert (fake_slurm.read_text() if fake_slurm.exists() else "") == "requeue 300_5\n" * calls
     assert _attempts_in(tmp_path)[-1]["outcome"].startswith(outcome)

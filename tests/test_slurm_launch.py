@@ -35,7 +35,7 @@ def _render(capsys, *argv):
 def _srun_line(script: str) -> str:
     """The line of a multi-task script that runs the step (the batch shell goes on after it)."""
     (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert line.endswith(" &")  # in the background: trainer.outputs.lost waits for it, then may requeue
+    assert line.endswith(" &")  # in the background: launch.lost waits for it, then may requeue
     return line.removesuffix(" &")
 
 

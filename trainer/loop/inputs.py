@@ -69,7 +69,7 @@ class PlacedIterator:
     """An input stream made on `device` (possibly another machine's CPU), resumable from a tiny position.
 
     `make_dataset(position)` builds the stream from an (epoch, record) position, yielding (features, labels,
-    position after the batch) (`data.make_dataset(resume_from=...)`); a plain `tf.data.Dataset` may stand
+    position after the batch) (`data.training_dataset(resume_from=...)`); a plain `tf.data.Dataset` may stand
     in for it. The step that consumes a batch stores
     its position in `position`, a variable on the stream's device that the checkpoint saves (only it, not
     the iterator): 16 bytes per stream instead of the tf.data iterator's state, whose shuffle buffer is
@@ -134,22 +134,19 @@ def train_iterators(
         return [PlacedIterator(train_dataset, host) for host in hosts]
     iterators = []
     for j, host in enumerate(hosts):
-        stream = dict(worker_index=j, num_workers=len(hosts), num_classes=inputs.num_classes, bad_records=bad_records)
+        share = dict(worker_index=j, num_workers=len(hosts), num_classes=inputs.num_classes, bad_records=bad_records)
         decoded = None
         if settings.cache:  # decoded once, on the stream's host, and kept across the stream's rebuilds
             with tf.device(host):
-                decoded = data.decode_share(inputs.train, **stream)
-        make = functools.partial(
-            data.make_dataset,
-            inputs.train,
+                decoded = data.decode_share(inputs.train, **share)
+        stream = data.Stream(
             batch_size=t.micro_batch_size,
-            training=True,
             seed=config.seed,
             shuffle_buffer=max(1, config.data.shuffle_buffer // len(hosts)),
             preprocess=settings.preprocess,
-            cache=decoded,
-            **stream,
+            **share,
         )
+        make = functools.partial(data.training_dataset, inputs.train, stream, cache=decoded)
         iterators.append(PlacedIterator(_resuming(make), host))
     return iterators
 
@@ -164,13 +161,7 @@ def eval_dataset_fn(config: RunConfig, inputs: Inputs, bad_records: data.BadReco
     eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
 
     def make_dataset():
-        return data.make_dataset(
-            inputs.eval,
-            batch_size=eval_batch,
-            training=False,
-            num_classes=inputs.num_classes,
-            bad_records=bad_records,
-            preprocess=preprocess,
-        )
+        stream = data.Stream(eval_batch, num_classes=inputs.num_classes, bad_records=bad_records, preprocess=preprocess)
+        return data.eval_dataset(inputs.eval, stream)
 
     return make_dataset

@@ -18,17 +18,12 @@ import sys
 
 from launch import requeue as requeue_lib
 from launch.cluster import SlurmJob
+from launch.requeue import LOST, RUNNING, TIME_LIMIT_REQUEUED  # noqa: F401 (LOST: what the run records)
 from trainer.outputs import report
 from trainer.outputs.progress import Rate
 from trainer.system.stop import TIME_LIMIT_SIGNALS, StopRequested
 
-FILE_NAME = "attempts.json"
-REQUEUED = "requeued"  # how every requeued attempt's outcome starts
-TIME_LIMIT_REQUEUED = "requeued for the time limit"
-LOST_REQUEUED = "requeued after a lost task"
-LOST = "lost a task"  # the outcome the peer watch records (trainer.system.peers)
-RUNNING = "running"
-KILLED = "killed or lost"
+FILE_NAME = requeue_lib.ATTEMPTS_FILE
 
 
 @dataclasses.dataclass
@@ -77,7 +72,7 @@ class AttemptLog:
         the run directory's lock held, it is not (SIGKILL, a lost node, an out-of-memory kill)."""
         for earlier in self.attempts:
             if earlier.outcome == RUNNING:
-                earlier.outcome = _killed(earlier)
+                earlier.outcome = requeue_lib.killed(earlier.step)
         attempt = Attempt(
             attempt=len(self.attempts) + 1,
             started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -110,14 +105,8 @@ class AttemptLog:
         """The requeues (time limit, lost task) of Slurm job `job_id` before the current attempt: all of them,
         and the latest ones in a row that checkpointed no newer step than they resumed from (any attempt of the
         job that did ends the row)."""
-        earlier = [a for a in self.attempts if a.slurm_job_id == job_id and a is not self.current]
-        requeued = [a for a in earlier if a.outcome.startswith(REQUEUED)]
-        without_progress = 0
-        for attempt in reversed(earlier):
-            if attempt.step > attempt.resumed_from_step:
-                break
-            without_progress += attempt.outcome.startswith(REQUEUED)
-        return requeue_lib.History(len(requeued), without_progress)
+        earlier = [dataclasses.asdict(a) for a in self.attempts if a is not self.current]
+        return requeue_lib.history(earlier, job_id)
 
     def examples_per_sec(self) -> float:
         """Over every attempt: examples trained / training seconds, both summed."""
@@ -157,42 +146,6 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
         stop.step - started if stop.step is not None and started is not None else 0,
         stop.signalled_while_training,
     )
-    return _carry_out(log, decision, job, outcome, TIME_LIMIT_REQUEUED, "time-limit warning")
-
-
-def after_lost_task(log: AttemptLog, job: SlurmJob, max_requeues: int) -> str:
-    """After a multi-task job step ended: when the job's last attempt ended because a task was lost (the peer
-    watch's outcome, a step failed on a dead worker, or no end recorded: the chief killed), requeues the job
-    as `launch.requeue.decide` allows and records it. Returns a line saying what it did."""
-    last = log.attempts[-1] if log.attempts else None
-    if last is None or last.slurm_job_id != job.job_id:
-        return "no attempt of this job in attempts.json (it ended before training): not requeued"
-    lost = last.outcome.startswith((LOST, "failed: WorkerLost")) or last.outcome == RUNNING
-    if not lost:
-        return f"the attempt ended as {last.outcome[:80]!r}: nothing to requeue"
-    log.current = last
-    trained = last.step - last.resumed_from_step
-    history = log.requeue_history(job.job_id)
-    # steps_left: some (an attempt that finished says "finished"); not a time-limit warning
-    decision = requeue_lib.decide(job, max_requeues, history, 1, trained, signalled_while_training=False)
-    ended = last.outcome if last.outcome != RUNNING else _killed(last)
-    return _carry_out(log, decision, job, ended, LOST_REQUEUED, "a task was lost")
-
-
-def _carry_out(log: AttemptLog, decision, job: SlurmJob | None, outcome: str, requeued: str, why: str) -> str:
-    """Requeues the job if `decision` says so, and records the attempt's end: `outcome`, and what became of
-    the requeue (prefixed `requeued` when done). Returns the log line, starting with `why`."""
-    if not decision.requeue:
-        log.end(f"{outcome}; not requeued: {decision.reason}")
-        return f"{why}: not requeued: {decision.reason}"
-    try:
-        requeue_lib.requeue(job)
-    except requeue_lib.RequeueError as e:
-        log.end(f"{outcome}; requeue failed: {e}")
-        return f"{why}: requeue failed: {e}. Resubmit the job to resume."
-    log.end(f"{requeued} ({decision.reason}); {outcome}")
-    return f"{why}: job {job.requeue_target} requeued ({decision.reason})"
-
-
-def _killed(attempt: Attempt) -> str:
-    return f"{KILLED} (no end recorded; last checkpointed step {attempt.step})"
+    ended, line = requeue_lib.carry_out(decision, job, outcome, TIME_LIMIT_REQUEUED, "time-limit warning")
+    log.end(ended)
+    return line

@@ -1,4 +1,4 @@
-"""`python -m trainer.outputs.lost --model_dir=DIR --max_requeues=N [--srun_pid=P]`: the end of a multi-task
+"""`python -m launch.lost --model_dir=DIR --max_requeues=N [--srun_pid=P]`: the end of a multi-task
 Slurm job.
 
 The batch script `launch.slurm` renders starts its srun step in the background and runs this on the job's
@@ -9,30 +9,32 @@ first node (the chief's, which holds `DIR/attempts.json`):
    after five tries, so during a network outage longer than those the step would hang for good, the job
    RUNNING with its work gone. It kills that srun (measured on the two-node test Slurm).
 2. When the last attempt ended because a task was lost, it requeues the job so that the run comes back by
-   itself, as after a time limit (`trainer.outputs.attempts.after_lost_task`).
+   itself, as after a time limit (`after_lost_task`, by `launch.requeue`'s rule), and records it in
+   `DIR/attempts.json` (the file `trainer.outputs.attempts` writes: read and rewritten here as plain JSON).
 
 Stop signals are ignored here, as the batch shell defers them: after a preemption's SIGTERM the tasks
-checkpoint while this waits for srun. TensorFlow is imported (by the outputs package) but not used.
+checkpoint while this waits for srun. Nothing here imports TensorFlow: the tool starts at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 
+from launch import requeue as requeue_lib
 from launch.cluster import SlurmJob, slurm_job
-from trainer.system import console
 
 ENDED_GRACE_SEC = 30.0  # after the chief's attempt ended, srun normally ends within a few seconds
 POLL_SEC = 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.outputs.lost", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m launch.lost", description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--max_requeues", type=int, default=3)
     parser.add_argument("--srun_pid", type=int, default=0, help="the step's srun, to wait for; 0: none")
@@ -45,11 +47,53 @@ def main(argv: list[str] | None = None) -> int:
     if job is None:
         print("=== towerflow: not a Slurm job: nothing to requeue", flush=True)
         return 0
-    with console.native_stderr_filtered(console.prepare_tensorflow("cpu", None)):
-        from trainer.outputs import attempts as attempts_lib  # noqa: PLC0415 (imports TensorFlow: its lines held)
-    line = attempts_lib.after_lost_task(attempts_lib.AttemptLog(args.model_dir), job, args.max_requeues)
-    print(f"=== towerflow: {line}", flush=True)
+    print(f"=== towerflow: {after_lost_task(args.model_dir, job, args.max_requeues)}", flush=True)
     return 0
+
+
+def after_lost_task(model_dir: str, job: SlurmJob, max_requeues: int) -> str:
+    """After a multi-task job step ended: when the job's last attempt ended because a task was lost (the peer
+    watch's outcome, a step failed on a dead worker, or no end recorded: the chief killed), requeues the job
+    as `launch.requeue.decide` allows and records it as that attempt's end. Returns a line saying what it did."""
+    path = os.path.join(model_dir, requeue_lib.ATTEMPTS_FILE)
+    attempts = _read(path)
+    last = attempts[-1] if attempts else None
+    if last is None or last["slurm_job_id"] != job.job_id:
+        return "no attempt of this job in attempts.json (it ended before training): not requeued"
+    outcome = last["outcome"]
+    if not (outcome.startswith((requeue_lib.LOST, "failed: WorkerLost")) or outcome == requeue_lib.RUNNING):
+        return f"the attempt ended as {outcome[:80]!r}: nothing to requeue"
+    trained = last["step"] - last["resumed_from_step"]
+    history = requeue_lib.history(attempts[:-1], job.job_id)
+    # steps_left: some (an attempt that finished says "finished"); not a time-limit warning
+    decision = requeue_lib.decide(job, max_requeues, history, 1, trained, signalled_while_training=False)
+    ended = outcome if outcome != requeue_lib.RUNNING else requeue_lib.killed(last["step"])
+    last["outcome"], line = requeue_lib.carry_out(decision, job, ended, requeue_lib.LOST_REQUEUED, "a task was lost")
+    _write(path, attempts)
+    return line
+
+
+def _read(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # none, or unreadable: the trainer keeps an unreadable one aside itself
+        return []
+
+
+def _write(path: str, attempts: list[dict]) -> None:
+    """Rewrites attempts.json as the trainer does (`trainer.outputs.report.write_json`): whole or not at all,
+    and a failure reported, never raised (the job's end must not hang on its ledger)."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps(attempts, indent=2, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        print(f"warning: could not write {path}: {e}", file=sys.stderr)
 
 
 def wait_for_srun(pid: int, model_dir: str, job: SlurmJob | None, grace_sec: float = ENDED_GRACE_SEC) -> None:
@@ -83,13 +127,13 @@ def attempt_ended(model_dir: str, job: SlurmJob | None) -> bool:
     """Whether attempts.json's last attempt is this start of the job (same job id and restart count) and has
     recorded how it ended. Read as plain JSON: the chief rewrites the file atomically."""
     try:
-        with open(os.path.join(model_dir, "attempts.json")) as f:
+        with open(os.path.join(model_dir, requeue_lib.ATTEMPTS_FILE)) as f:
             last = json.load(f)[-1]
     except (OSError, ValueError, IndexError):
         return False
     this_start = (last.get("slurm_job_id"), last.get("slurm_restart_count"))
     ours = job is None or this_start == (job.job_id, job.restart_count)
-    return ours and last.get("outcome") != "running"  # attempts.RUNNING (that module imports TensorFlow)
+    return ours and last.get("outcome") != requeue_lib.RUNNING
 
 
 if __name__ == "__main__":
