@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks import figures, runner, session, timing
-from benchmarks.plan import SETTINGS, SIZES, Figure, SessionKey, Side
+from benchmarks.harness.plan import SETTINGS, SIZES, Figure, SessionKey, Side
 from trainer.settings import config
 from trainer.system import runtime
 
@@ -70,7 +70,7 @@ def test_only_accepts_figure_names_and_groups():
 
 
 def test_a_slowed_tower_sleeps_once_per_micro_batch_of_that_tower(make_config, monkeypatch):
-    from benchmarks import slow_tower
+    from benchmarks.harness import slow_tower
     from trainer.loop.build import build
 
     trainer = build(make_config(towers={"micro_batches": 4}))  # sync: 2 micro-batches per tower per step
@@ -82,7 +82,7 @@ def test_a_slowed_tower_sleeps_once_per_micro_batch_of_that_tower(make_config, m
 
 
 def test_a_slowed_tower_changes_no_bit(make_config):
-    from benchmarks import slow_tower
+    from benchmarks.harness import slow_tower
     from trainer.loop.build import build
     from trainer.outputs import report
 
@@ -143,7 +143,7 @@ def test_worker_applies_and_reads_back_its_runtime_options():
 
 
 def test_worker_refuses_a_runtime_setting_tensorflow_does_not_report():
-    from benchmarks import worker
+    from benchmarks.harness import worker
 
     with pytest.raises(RuntimeError, match="not in force.*intra_op_threads"):
         worker.applied_runtime(config.RuntimeConfig(intra_op_threads=97))
@@ -155,7 +155,7 @@ def test_keras_fit_side_is_one_fit_held_between_windows_of_whole_executions(devi
     steps per window, in one `fit` call that waits between windows, so no window pays `fit`'s start-up."""
     import tensorflow as tf
 
-    from benchmarks import reference
+    from benchmarks.harness import reference
 
     setting = SETTINGS["mlp-digits-b32"]
     batch = setting.global_batch_size
@@ -217,9 +217,9 @@ def test_smoke_run_writes_every_figure(tmp_path):
 
 def _check_input_figures(records: list[dict], stdout: str) -> None:
     """The input figures (benchmarks/input_figures.py) at smoke size: values present, targets, rows printed."""
-    from benchmarks import input_only
+    from benchmarks.input import jpegs
 
-    size = input_only.SIZES["smoke"]
+    size = jpegs.SIZES["smoke"]
     assert [(r["name"], r["target"]) for r in records] == [
         ("input_none_vs_decode", 0.9),
         ("input_imagenet_vs_decode", 1.0),
@@ -252,7 +252,7 @@ def _check_runtime_read_back(by_name: dict) -> None:
 
 
 def test_input_smoke_run_prints_every_pipeline_with_positive_rates(tmp_path):
-    from benchmarks import input_pipelines
+    from benchmarks.input import pipelines as input_pipelines
 
     out = tmp_path / "input.json"
     done = subprocess.run(
@@ -304,7 +304,7 @@ def test_input_takes_no_training_benchmark_options():
 
 def test_step_overhead_prints_the_four_loops():
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.step_overhead", "--steps=3", "--windows=1"],
+        [sys.executable, "-m", "benchmarks.probes", "step_overhead", "--steps=3", "--windows=1"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -1,9 +1,9 @@
-"""`python -m benchmarks.multinode`: what TensorFlow's gRPC runtime costs, measured on loopback.
+"""`python -m benchmarks.machines multinode`: what TensorFlow's gRPC runtime costs, measured on loopback.
 
-    python -m benchmarks.multinode                 # cnn on the digits, 1000 steps, both layout pairs, pinned
-    python -m benchmarks.multinode --repeats=1     # quicker, noisier
-    python -m benchmarks.multinode --nopin         # every task on every core
-    python -m benchmarks.multinode --model=mlp     # a model of 0.2 MB: what a step costs beside its bytes
+    python -m benchmarks.machines multinode                 # cnn on the digits, 1000 steps, both layout pairs, pinned
+    python -m benchmarks.machines multinode --repeats=1     # quicker, noisier
+    python -m benchmarks.machines multinode --nopin         # every task on every core
+    python -m benchmarks.machines multinode --model=mlp     # a model of 0.2 MB: what a step costs beside its bytes
 
 Throughput: `python -m trainer` with M tasks x T logical CPU devices (TF_CONFIG on 127.0.0.1) against 1 task x
 M*T devices, same flags, global batch and K; runs alternating; ratio of median examples/sec (the trainer's own
@@ -14,7 +14,7 @@ Pinned (the default): task i of M runs on its own 1/M of the cores (`taskset`), 
 both sides have the same cores and what differs is the gRPC runtime. Unpinned, M processes each size their
 thread pools to every core and fight over them, which measures that oversubscription too.
 
-Bytes per step per task: `python -m benchmarks.wire` (each task in its own network namespace).
+Bytes per step per task: `python -m benchmarks.machines wire` (each task in its own network namespace).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchmarks.harness import paths
 
 COMMON = (
     "--device=cpu",
@@ -110,8 +112,8 @@ def model_bytes(model: str, shape: tuple[int, ...]) -> tuple[int, int]:
     return tuple(json.loads(out.strip().splitlines()[-1]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.multinode", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.machines multinode", description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1000, help="steps per throughput run")
     parser.add_argument("--parameter_device", default="cpu", choices=("cpu", "gpu", "spread"))
@@ -119,10 +121,8 @@ def main() -> None:
     parser.add_argument(
         "--pin", action=argparse.BooleanOptionalAction, default=True, help="a share of the cores per task"
     )
-    parser.add_argument(
-        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results-multinode.json")
-    )
-    args = parser.parse_args()
+    parser.add_argument("--out", default=paths.result_path("multinode.json"))
+    args = parser.parse_args(argv)
     results = {"machine": _machine(), "steps": args.steps, "global_batch_size": GLOBAL_BATCH, "model": args.model}
     results["parameter_device"] = args.parameter_device
     with tempfile.TemporaryDirectory() as root:
@@ -137,7 +137,3 @@ def main() -> None:
 
 def _machine() -> str:
     return f"{os.cpu_count()} CPUs, {os.uname().machine}, Python {sys.version.split()[0]}"
-
-
-if __name__ == "__main__":
-    main()

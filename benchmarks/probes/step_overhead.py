@@ -1,4 +1,4 @@
-"""`python -m benchmarks.step_overhead`: where a short step's time goes, in milliseconds per step.
+"""`python -m benchmarks.probes step_overhead`: where a short step's time goes, in milliseconds per step.
 
 Four loops on one device, the same in-memory cnn-digits batches (global batch 128), timed in alternating
 windows of `--steps` steps, median of `--windows`:
@@ -24,10 +24,10 @@ def _loops(steps: int) -> dict:
     """name -> a function that runs `steps` steps and returns their seconds."""
     import tensorflow as tf
 
-    from benchmarks import inputs, reference
-    from benchmarks import records as records_lib
-    from benchmarks.plan import SETTINGS, Side
-    from benchmarks.sides import run_config
+    from benchmarks.harness import inputs, reference
+    from benchmarks.harness import records as records_lib
+    from benchmarks.harness.plan import SETTINGS, Side
+    from benchmarks.harness.sides import run_config
     from trainer.loop.build import build
 
     setting = SETTINGS["cnn-digits"]
@@ -60,7 +60,9 @@ def _loops(steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.probes step_overhead", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--steps", type=int, default=40, help="steps per timed window")
     parser.add_argument("--windows", type=int, default=9, help="timed windows per loop (after 2 warm-up)")
     args = parser.parse_args(argv)
@@ -78,7 +80,3 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; median of {args.windows} windows of {args.steps} steps")
     for name, values in seconds.items():
         print(f"{name:24s} {statistics.median(values) * 1000:7.2f} ms/step")
-
-
-if __name__ == "__main__":
-    main()
