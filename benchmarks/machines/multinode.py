@@ -79,22 +79,25 @@ def cores_of(task: int, num_tasks: int) -> str:
     return ",".join(str(c) for c in mine)
 
 
-PAIRS = (((2, 1), (1, 2)), ((2, 2), (1, 4)))  # (M tasks x T devices, 1 task x M*T devices)
+# name -> (M tasks x T devices, 1 task x M*T devices)
+PAIRS = {"2x1": ((2, 1), (1, 2)), "2x2": ((2, 2), (1, 4))}
 GLOBAL_BATCH = 128
 
 
-def throughput(flags: list[str], repeats: int, root: str, pin: bool) -> dict:
-    """Examples/sec of each layout of PAIRS, runs alternating, and each pair's ratio of medians."""
+def throughput(flags: list[str], repeats: int, root: str, pin: bool, pairs=tuple(PAIRS)) -> dict:
+    """Examples/sec of each layout of the PAIRS named in `pairs`, runs alternating, and each pair's ratio of
+    medians and the milliseconds per step the M-task layout adds."""
+    chosen = [PAIRS[name] for name in pairs]
     rates: dict[str, list[float]] = {}
     for r in range(repeats):
-        for pair in PAIRS:
+        for pair in chosen:
             for tasks, towers in pair:
                 name = f"{tasks}x{towers}"
                 metrics = run(tasks, towers, flags, f"{root}/tp-{name}-{r}", pin)
                 rates.setdefault(name, []).append(metrics["examples_per_sec"])
     medians = {k: statistics.median(v) for k, v in rates.items()}
     ratios, added = {}, {}
-    for (m, t), (one, k) in PAIRS:
+    for (m, t), (one, k) in chosen:
         ratios[f"{m}x{t}_vs_{one}x{k}"] = medians[f"{m}x{t}"] / medians[f"{one}x{k}"]
         added[f"{m}x{t}_vs_{one}x{k}"] = 1000 * GLOBAL_BATCH * (1 / medians[f"{m}x{t}"] - 1 / medians[f"{one}x{k}"])
     return {"pinned": pin, "examples_per_sec": rates, "median": medians, "ratios": ratios, "added_ms_per_step": added}
@@ -121,14 +124,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--pin", action=argparse.BooleanOptionalAction, default=True, help="a share of the cores per task"
     )
+    parser.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated layout pairs: {', '.join(PAIRS)}")
     parser.add_argument("--out", default=paths.result_path("multinode.json"))
     args = parser.parse_args(argv)
+    pairs = [name for name in args.pairs.split(",") if name]
+    if not pairs or set(pairs) - set(PAIRS):
+        parser.error(f"--pairs: choose from {', '.join(PAIRS)}")
     results = {"machine": _machine(), "steps": args.steps, "global_batch_size": GLOBAL_BATCH, "model": args.model}
     results["parameter_device"] = args.parameter_device
     with tempfile.TemporaryDirectory() as root:
         flags = [f"--model={args.model}", f"--global_batch_size={GLOBAL_BATCH}", f"--train_steps={args.steps}"]
         flags.append(f"--parameter_device={args.parameter_device}")  # after COMMON's cpu: the last one counts
-        results[f"{args.model}_throughput"] = throughput(flags, args.repeats, root, args.pin)
+        results[f"{args.model}_throughput"] = throughput(flags, args.repeats, root, args.pin, pairs)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")

@@ -53,10 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settings", default="cnn-digits,resnet20-synth")
     parser.add_argument("--values", default="8,32,128", help="steps_per_execution values timed against 1")
     parser.add_argument("--devices", default="1,2,4", help="1: no strategy; more: MirroredStrategy")
+    parser.add_argument("--size", default="quick", choices=sorted(SIZES), help="windows per side")
     args = parser.parse_args(argv)
     as_ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     figures = spe_figures(args.settings.split(","), as_ints(args.values), as_ints(args.devices))
-    size = SIZES["quick"]
+    size = SIZES[args.size]
     print(f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="towerflow-bench-logs-") as log_dir:
         sessions = Sessions(log_dir)
