@@ -1,9 +1,11 @@
-"""The benchmark harness: the timing helpers, and `python -m benchmarks --smoke` end to end (JSON structure only;
-timings are not asserted, this machine is too noisy for that)."""
+"""The benchmark harness and the headline table: the timing helpers, the figures, the workers, and `python -m
+benchmarks --smoke` and `--input --smoke` end to end (every figure present, its numbers consistent with its
+windows; how fast a side is, this noisy machine cannot say). The probes and machines: test_benchmark_probes.py."""
 
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -175,13 +177,20 @@ def test_keras_fit_side_is_one_fit_held_between_windows_of_whole_executions(devi
 
 
 def _check_measured(record: dict, windows: int, steps: int) -> None:
-    assert isinstance(record["ratio"], float) and math.isfinite(record["ratio"]) and record["ratio"] > 0
+    """The record's numbers hold together: its ratio is the ratio of its sides' medians, its pair ratios those
+    of its windows, and it passed exactly when its ratio reached its target."""
     assert record["windows"] == windows and record["steps_per_window"] == steps
+    medians = []
     for side in ("a", "b"):
         rates = record[side]["examples_per_sec"]
         assert len(rates) == windows and all(math.isfinite(r) and r > 0 for r in rates)
-        assert record[side]["median_examples_per_sec"] > 0
-    assert (record["passed"] is None) == (record["target"] is None)
+        assert record[side]["median_examples_per_sec"] == statistics.median(rates)
+        medians.append(statistics.median(rates))
+    assert record["ratio"] == pytest.approx(medians[0] / medians[1], rel=1e-12)
+    pairs = [a / b for a, b in zip(record["a"]["examples_per_sec"], record["b"]["examples_per_sec"], strict=True)]
+    assert record["pair_ratios"] == pytest.approx(pairs, rel=1e-12)
+    assert min(pairs) <= record["pair_ratio_iqr"][0] <= record["pair_ratio_iqr"][1] <= max(pairs)
+    assert record["passed"] == (None if record["target"] is None else record["ratio"] >= record["target"])
 
 
 def test_smoke_run_writes_every_figure(tmp_path):
@@ -300,18 +309,3 @@ def test_input_takes_no_training_benchmark_options():
         check=False,
     )
     assert done.returncode == 2 and "--input takes only --smoke and --out" in done.stderr
-
-
-def test_step_overhead_prints_the_four_loops():
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.probes", "step_overhead", "--steps=3", "--windows=1"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.rsplit(None, 2) for line in done.stdout.splitlines() if line.endswith("ms/step")]
-    names = ["plain", "plain in-graph loop", "towerflow, 1 per call", "towerflow, auto"]
-    assert [name.strip() for name, _, _ in rows] == names
-    assert all(float(ms) > 0 for _, ms, _ in rows)
