@@ -71,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.input:
-        if args.quick or args.only or args.settings or args.windows is not None or args.profile:
-            parser.error("--input takes only --smoke and --out")
-        from benchmarks.input import alone as input_only
-
-        return input_only.main(smoke=args.smoke, out=args.out)
+        return _input_alone(args, parser)
     size = _size(args, parser)
     all_figures = [f for name in size.settings for f in figure_defs.figures(SETTINGS[name], size)]
     try:
@@ -108,6 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         report.write_json(args.out, run)
         print(f"wrote {args.out}")
     return 1 if any(r["status"] == "error" for r in results) else 0
+
+
+def _input_alone(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`--input`: the input pipeline alone (benchmarks/input/alone.py), which takes no training figure's option."""
+    if args.quick or args.only or args.settings or args.windows is not None or args.profile:
+        parser.error("--input takes only --smoke and --out")
+    from benchmarks.input import alone
+
+    return alone.main(smoke=args.smoke, out=args.out)
 
 
 def _run(selected, size, records, sessions, available, profile_dir) -> list[dict]:

@@ -51,8 +51,7 @@ def _loops(steps: int) -> tuple[dict, dict]:
         "plain": lambda: plain.window(steps)[0],
         "plain in-graph loop": lambda: timed(lambda: plain_loop(plain.iterator, tf.constant(steps))),
     }
-    plain_updates = lambda: int(plain.optimizer.iterations.numpy())  # noqa: E731
-    updates = dict.fromkeys(loops, plain_updates)
+    updates = dict.fromkeys(loops, lambda: int(plain.optimizer.iterations.numpy()))
     for name, steps_per_call in (("towerflow, 1 per call", 1), ("towerflow, auto", 0)):
         config = run_config(Side("towerflow"), setting, records, tempfile.mkdtemp(prefix="towerflow-overhead-"))
         config = dataclasses.replace(config, loop=dataclasses.replace(config.loop, steps_per_call=steps_per_call))
