@@ -66,6 +66,7 @@ def _imported_groups(path: pathlib.Path) -> set[str]:
     return found
 
 
+@pytest.mark.quick
 def test_benchmark_groups_import_one_way():
     """harness <- input <- figures <- probes, __main__; machines on harness alone; nothing imports machines or
     probes from outside: no import circle between groups can form."""
@@ -77,6 +78,7 @@ def test_benchmark_groups_import_one_way():
         assert not wrong, f"{path.relative_to(REPO_ROOT)} ({group}) imports {sorted(wrong)}"
 
 
+@pytest.mark.quick
 def test_each_group_runs_its_registered_commands_and_lists_them(capsys):
     for group, registered in (("machines", MACHINES), ("probes", PROBES)):
         found = {p.stem for p in (REPO_ROOT / "benchmarks" / group).glob("*.py")} - {"__init__", "__main__"}
@@ -92,6 +94,7 @@ def test_each_group_runs_its_registered_commands_and_lists_them(capsys):
 # --- machines -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_scaling_counts_the_bytes_of_a_phase_by_hand_and_reads_the_recorded_excess(capsys):
     variable_bytes = 25_557_032 * 4
     assert scaling.phase_bytes(2, "spread") == 0.5 and scaling.phase_bytes(4, "spread") == 0.75
