@@ -1,10 +1,10 @@
 """`python -m benchmarks`: towerflow's throughput as a ratio to reference training loops, one row per figure.
 
     python -m benchmarks                      # full run (both settings, ~20 min on 2 cores)
-    python -m benchmarks --quick --out benchmarks/results-quick.json
+    python -m benchmarks --quick --out benchmarks/results/quick.json
     python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
     python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
-    python -m benchmarks --input [--smoke] [--out FILE]   # the input pipeline alone (benchmarks/input_only.py)
+    python -m benchmarks --input [--smoke] [--out FILE]   # the input pipeline alone (benchmarks/input/alone.py)
 
 Each ratio is median(towerflow examples/sec) / median(reference examples/sec) over alternating timed
 windows (A, B, A, B, ...) after warm-up. Exit code 0 even when a target is missed: the table says so.
@@ -21,10 +21,10 @@ import sys
 import tempfile
 
 from benchmarks import figures as figure_defs
-from benchmarks import records as records_lib
-from benchmarks import report, runner
-from benchmarks.plan import SETTINGS, SIZES
-from benchmarks.session import Sessions
+from benchmarks.harness import records as records_lib
+from benchmarks.harness import report, runner
+from benchmarks.harness.plan import SETTINGS, SIZES
+from benchmarks.harness.session import Sessions
 
 
 def _names(text: str) -> list[str]:
@@ -71,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.input:
-        if args.quick or args.only or args.settings or args.windows is not None or args.profile:
-            parser.error("--input takes only --smoke and --out")
-        from benchmarks import input_only
-
-        return input_only.main(smoke=args.smoke, out=args.out)
+        return _input_alone(args, parser)
     size = _size(args, parser)
     all_figures = [f for name in size.settings for f in figure_defs.figures(SETTINGS[name], size)]
     try:
@@ -110,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r["status"] == "error" for r in results) else 0
 
 
+def _input_alone(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`--input`: the input pipeline alone (benchmarks/input/alone.py), which takes no training figure's option."""
+    if args.quick or args.only or args.settings or args.windows is not None or args.profile:
+        parser.error("--input takes only --smoke and --out")
+    from benchmarks.input import alone
+
+    return alone.main(smoke=args.smoke, out=args.out)
+
+
 def _run(selected, size, records, sessions, available, profile_dir) -> list[dict]:
     print(f"size {size.name}: {size.windows} timed windows per side, {size.warmup_windows} warm-up", flush=True)
     print(report.header(), flush=True)
@@ -125,9 +130,9 @@ def _run_input(size, names: list[str]) -> list[dict]:
     but for --smoke (~30 s on 2 cores, most of it writing the JPEGs)."""
     if not names:
         return []
-    from benchmarks import input_figures
+    from benchmarks.input import figures as input_figures
 
-    print("input figures (benchmarks/input_figures.py):", flush=True)
+    print("input figures (benchmarks/input/figures.py):", flush=True)
     results = [r for r in input_figures.run("smoke" if size.name == "smoke" else "full") if r["name"] in names]
     for record in results:
         print(report.row(record), flush=True)

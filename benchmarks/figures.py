@@ -5,12 +5,12 @@ Targets are those agreed for `--quick` on a 2-core machine; figures without a ta
 
 from __future__ import annotations
 
-from benchmarks.input_figures import FIGURES as INPUT_FIGURES
-from benchmarks.plan import Figure, Setting, Side, Size
+from benchmarks.harness.plan import Figure, Setting, Side, Size
+from benchmarks.input.figures import FIGURES as INPUT_FIGURES
 from trainer.settings.preprocess import resolve_augment
 
 TOWERFLOW = Side("towerflow")
-SLOW_FACTOR = 3.0  # async2_vs_sync2_slow_tower: tower 1 takes 3x as long as tower 0 (benchmarks/slow_tower.py)
+SLOW_FACTOR = 3.0  # async2_vs_sync2_slow_tower: tower 1 takes 3x as long as tower 0 (benchmarks/harness/slow_tower.py)
 # Shown for `--only` and in the table; the figure names are the API of this package (JSON keys, tests).
 NAMES = (
     "tower1_vs_plain",
@@ -47,7 +47,7 @@ HEAVY = ("tower1_vs_plain", "tower2_vs_mirrored", "tower4_vs_mirrored", "tower1_
 RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
 
 # The Keras `fit` references' `steps_per_execution`, tuned per setting as a Keras user would: the fastest of the
-# values `python -m benchmarks.keras_spe` tried (rates in RESULTS.md). Keras 3.15 has no "auto".
+# values `python -m benchmarks.probes keras_spe` tried (rates in benchmarks/results/keras.md). Keras 3.15 has no "auto".
 KERAS_STEPS_PER_EXECUTION = {"cnn-digits": 32, "resnet20-synth": 8, "mlp-digits-b32": 8}
 
 
@@ -167,5 +167,5 @@ def select(all_figures: list[Figure], only: list[str], size: Size) -> list[Figur
 
 
 def select_input(only: list[str]) -> list[str]:
-    """The input figures (`benchmarks.input_figures`, group "input") `only` names; all of them when it is empty."""
+    """The input figures (`benchmarks.input.figures`, group "input") `only` names; all of them when it is empty."""
     return [name for name in INPUT_FIGURES if not only or name in only or "input" in only]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.multinode import free_ports
+from benchmarks.machines.multinode import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_FLAGS = (

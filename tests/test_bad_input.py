@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from benchmarks.multinode import free_ports
+from benchmarks.machines.multinode import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUND_SEC = 2.0  # TensorFlow's import alone takes ~2-5 s on the test machine: a row that pays it fails

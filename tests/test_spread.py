@@ -183,7 +183,7 @@ def test_clipping_and_adamw_keep_the_bits(make_config, tmp_path):
 def test_spread_keeps_the_busiest_device_near_the_ideal():
     """resnet20 at N = K = 3 (towers CPU:0-2, host CPU:3): one parameter device moves 2 x model bytes each way,
     1.5 x the ideal 2(N-1)/N; spread stays within the 1.25 x target."""
-    from benchmarks import traffic as bench
+    from benchmarks.machines import traffic as bench
 
     rows = {p: bench.measure("resnet20", 3, p) for p in ("gpu", "spread")}
     ratio = {p: r["busiest_bytes"] / r["ideal_bytes"] for p, r in rows.items()}

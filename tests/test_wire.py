@@ -20,7 +20,7 @@ STEPS = 10
 
 @pytest.fixture
 def two_namespaces():
-    """tfnode1 and tfnode2 on br-tf, taken down afterwards (whoever made them: run no benchmarks.wire alongside)."""
+    """tfnode1 and tfnode2 on br-tf, taken down afterwards (whoever made them: run no wire benchmark alongside)."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
     netns.up(2)
@@ -30,8 +30,8 @@ def two_namespaces():
 
 def test_each_task_moves_one_copy_of_the_variables_each_way_per_step(two_namespaces, tmp_path):
     import models
-    from benchmarks import wire
-    from benchmarks.records import ensure_records
+    from benchmarks.harness.records import ensure_records
+    from benchmarks.machines import wire
 
     workload = wire.WORKLOADS["cnn"]
     model = models.build_model("cnn", workload.setting.example_shape, workload.setting.num_classes)

@@ -8,7 +8,7 @@ import os
 import platform
 import subprocess
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.harness import paths
 
 
 def _first_line_with(path: str, prefix: str) -> str:
@@ -23,7 +23,7 @@ def _first_line_with(path: str, prefix: str) -> str:
 
 
 def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=_REPO_ROOT, capture_output=True, text=True, check=False)
+    done = subprocess.run(["git", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 

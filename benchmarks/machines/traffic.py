@@ -1,7 +1,7 @@
-"""`python -m benchmarks.traffic`: bytes through the busiest device per sync step, per parameter placement.
+"""`python -m benchmarks.machines traffic`: bytes through the busiest device per sync step, per parameter placement.
 
-    python -m benchmarks.traffic                          # cnn, resnet20, resnet50 at N = 2, 4, 8 (K = N)
-    python -m benchmarks.traffic --models=cnn --towers=2,4
+    python -m benchmarks.machines traffic                          # cnn, resnet20, resnet50 at N = 2, 4, 8 (K = N)
+    python -m benchmarks.machines traffic --models=cnn --towers=2,4
 
 Counted from the traced step (`trainer.step.traffic.count`), not timed: the figure is what a layout asks of the
 busiest device, the same on any machine. N towers are logical CPU devices 0..N-1 standing in for GPUs and
@@ -116,7 +116,7 @@ def run(model_names: list[str], tower_counts: list[int], worker_args: list[str])
     rows = []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     for num_towers in tower_counts:
-        command = [sys.executable, "-m", "benchmarks.traffic", f"--worker={num_towers}", *worker_args]
+        command = [sys.executable, "-m", "benchmarks.machines", "traffic", f"--worker={num_towers}", *worker_args]
         out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
         rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return rows
@@ -147,7 +147,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.traffic", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.machines traffic", description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="cnn,resnet20,resnet50", help="comma-separated built-in models")
     parser.add_argument("--towers", default="2,4,8", help="comma-separated tower counts N (K = N)")
     parser.add_argument("--examples_per_micro_batch", type=int, default=2, help="input examples per micro-batch")
@@ -172,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

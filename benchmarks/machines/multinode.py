@@ -1,9 +1,9 @@
-"""`python -m benchmarks.multinode`: what TensorFlow's gRPC runtime costs, measured on loopback.
+"""`python -m benchmarks.machines multinode`: what TensorFlow's gRPC runtime costs, measured on loopback.
 
-    python -m benchmarks.multinode                 # cnn on the digits, 1000 steps, both layout pairs, pinned
-    python -m benchmarks.multinode --repeats=1     # quicker, noisier
-    python -m benchmarks.multinode --nopin         # every task on every core
-    python -m benchmarks.multinode --model=mlp     # a model of 0.2 MB: what a step costs beside its bytes
+    python -m benchmarks.machines multinode                 # cnn on the digits, 1000 steps, both layout pairs, pinned
+    python -m benchmarks.machines multinode --repeats=1     # quicker, noisier
+    python -m benchmarks.machines multinode --nopin         # every task on every core
+    python -m benchmarks.machines multinode --model=mlp     # a model of 0.2 MB: what a step costs beside its bytes
 
 Throughput: `python -m trainer` with M tasks x T logical CPU devices (TF_CONFIG on 127.0.0.1) against 1 task x
 M*T devices, same flags, global batch and K; runs alternating; ratio of median examples/sec (the trainer's own
@@ -14,7 +14,7 @@ Pinned (the default): task i of M runs on its own 1/M of the cores (`taskset`), 
 both sides have the same cores and what differs is the gRPC runtime. Unpinned, M processes each size their
 thread pools to every core and fight over them, which measures that oversubscription too.
 
-Bytes per step per task: `python -m benchmarks.wire` (each task in its own network namespace).
+Bytes per step per task: `python -m benchmarks.machines wire` (each task in its own network namespace).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchmarks.harness import paths
 
 COMMON = (
     "--device=cpu",
@@ -77,22 +79,25 @@ def cores_of(task: int, num_tasks: int) -> str:
     return ",".join(str(c) for c in mine)
 
 
-PAIRS = (((2, 1), (1, 2)), ((2, 2), (1, 4)))  # (M tasks x T devices, 1 task x M*T devices)
+# name -> (M tasks x T devices, 1 task x M*T devices)
+PAIRS = {"2x1": ((2, 1), (1, 2)), "2x2": ((2, 2), (1, 4))}
 GLOBAL_BATCH = 128
 
 
-def throughput(flags: list[str], repeats: int, root: str, pin: bool) -> dict:
-    """Examples/sec of each layout of PAIRS, runs alternating, and each pair's ratio of medians."""
+def throughput(flags: list[str], repeats: int, root: str, pin: bool, pairs=tuple(PAIRS)) -> dict:
+    """Examples/sec of each layout of the PAIRS named in `pairs`, runs alternating, and each pair's ratio of
+    medians and the milliseconds per step the M-task layout adds."""
+    chosen = [PAIRS[name] for name in pairs]
     rates: dict[str, list[float]] = {}
     for r in range(repeats):
-        for pair in PAIRS:
+        for pair in chosen:
             for tasks, towers in pair:
                 name = f"{tasks}x{towers}"
                 metrics = run(tasks, towers, flags, f"{root}/tp-{name}-{r}", pin)
                 rates.setdefault(name, []).append(metrics["examples_per_sec"])
     medians = {k: statistics.median(v) for k, v in rates.items()}
     ratios, added = {}, {}
-    for (m, t), (one, k) in PAIRS:
+    for (m, t), (one, k) in chosen:
         ratios[f"{m}x{t}_vs_{one}x{k}"] = medians[f"{m}x{t}"] / medians[f"{one}x{k}"]
         added[f"{m}x{t}_vs_{one}x{k}"] = 1000 * GLOBAL_BATCH * (1 / medians[f"{m}x{t}"] - 1 / medians[f"{one}x{k}"])
     return {"pinned": pin, "examples_per_sec": rates, "median": medians, "ratios": ratios, "added_ms_per_step": added}
@@ -110,8 +115,8 @@ def model_bytes(model: str, shape: tuple[int, ...]) -> tuple[int, int]:
     return tuple(json.loads(out.strip().splitlines()[-1]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.multinode", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.machines multinode", description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1000, help="steps per throughput run")
     parser.add_argument("--parameter_device", default="cpu", choices=("cpu", "gpu", "spread"))
@@ -119,16 +124,18 @@ def main() -> None:
     parser.add_argument(
         "--pin", action=argparse.BooleanOptionalAction, default=True, help="a share of the cores per task"
     )
-    parser.add_argument(
-        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results-multinode.json")
-    )
-    args = parser.parse_args()
+    parser.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated layout pairs: {', '.join(PAIRS)}")
+    parser.add_argument("--out", default=paths.result_path("multinode.json"))
+    args = parser.parse_args(argv)
+    pairs = [name for name in args.pairs.split(",") if name]
+    if not pairs or set(pairs) - set(PAIRS):
+        parser.error(f"--pairs: choose from {', '.join(PAIRS)}")
     results = {"machine": _machine(), "steps": args.steps, "global_batch_size": GLOBAL_BATCH, "model": args.model}
     results["parameter_device"] = args.parameter_device
     with tempfile.TemporaryDirectory() as root:
         flags = [f"--model={args.model}", f"--global_batch_size={GLOBAL_BATCH}", f"--train_steps={args.steps}"]
         flags.append(f"--parameter_device={args.parameter_device}")  # after COMMON's cpu: the last one counts
-        results[f"{args.model}_throughput"] = throughput(flags, args.repeats, root, args.pin)
+        results[f"{args.model}_throughput"] = throughput(flags, args.repeats, root, args.pin, pairs)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
@@ -137,7 +144,3 @@ def main() -> None:
 
 def _machine() -> str:
     return f"{os.cpu_count()} CPUs, {os.uname().machine}, Python {sys.version.split()[0]}"
-
-
-if __name__ == "__main__":
-    main()

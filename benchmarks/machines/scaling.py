@@ -1,7 +1,7 @@
-"""`python -m benchmarks.scaling`: the paper model of M nodes x 8 GPUs for ResNet-50, from the measured bytes.
+"""`python -m benchmarks.machines scaling`: the paper model of M nodes x 8 GPUs for ResNet-50, from the measured bytes.
 
 Not a measurement: no GPU and no real network were available. It projects the speed of a sync step from
-what was measured on this machine (the bytes each task moves per step, `benchmarks/results-wire.json`) and
+what was measured on this machine (the bytes each task moves per step, `benchmarks/results/wire.json`) and
 published figures, with every assumption a named constant below:
 
     step(M)     = t + w + g x (1 - overlap)           (t: one GPU's compute on its micro-batch)
@@ -21,6 +21,8 @@ import argparse
 import json
 import os
 
+from benchmarks.harness import paths
+
 PARAMETERS = 25_557_032  # ResNet-50, 1000 classes (Keras applications), float32
 VARIABLE_BYTES = PARAMETERS * 4
 GPUS_PER_NODE = 8
@@ -29,7 +31,7 @@ SINGLE_NODE_EFFICIENCY = 7.9 / 8
 LINKS_GBITS = (100, 25)
 COMPUTE_SEC = (0.1, 0.2, 0.4)
 NODES = (2, 4, 8)
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results-wire.json")
+RESULTS = paths.result_path("wire.json")
 
 
 def phase_bytes(nodes: int, placement: str) -> float:
@@ -65,9 +67,9 @@ def project(nodes: int, compute_sec: float, link_gbits: float, placement: str, e
 
 
 def measured_excess(path: str = RESULTS, model: str = "resnet50") -> float:
-    """The largest ratio, over the `spread` cells of `model` in `benchmarks.wire`'s results and over their tasks
-    and directions, of the bytes a task moved per step to the bound 2(M-1)/M x the variable bytes (1.0 when
-    there are none)."""
+    """The largest ratio, over the `spread` cells of `model` in `benchmarks.machines.wire`'s results and over
+    their tasks and directions, of the bytes a task moved per step to the bound 2(M-1)/M x the variable bytes
+    (1.0 when there are none)."""
     if not os.path.exists(path):
         return 1.0
     with open(path) as f:
@@ -81,10 +83,10 @@ def measured_excess(path: str = RESULTS, model: str = "resnet50") -> float:
     return max(ratios, default=1.0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.machines scaling", description=__doc__.split("\n")[0])
     parser.add_argument("--overlap", type=float, default=0.0, help="share of the gradient phase hidden")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     excess = measured_excess()
     print(f"ResNet-50, {VARIABLE_BYTES / 1e6:.1f} MB of variables; measured excess over the bound {excess:.3f}")
     print("| nodes x GPUs | link | placement | MB per direction | t | transfer | speed-up | efficiency |")
@@ -98,7 +100,3 @@ def main() -> None:
                         f"| {nodes} x {GPUS_PER_NODE} | {link} Gb/s | {placement} | {r['mb_per_direction']:.0f} | "
                         f"{t} s | {r['transfer_ms']:.1f} ms | {r['speedup']:.1f}x | {r['efficiency']:.1%} |"
                     )
-
-
-if __name__ == "__main__":
-    main()

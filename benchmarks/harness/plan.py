@@ -78,7 +78,7 @@ class Side:
     histogram_every_steps: int = 0  # >0: every window ends with gradient+weight histograms
     live_progress: bool = False  # redraw the console's live line (trainer.outputs.progress), into /dev/null
     augment: str = "none"  # --augment of a "tfrecord" side (memory sides hold unaugmented batches)
-    slow_factor: float = 0.0  # > 1: the last tower takes this x as long (benchmarks/slow_tower.py)
+    slow_factor: float = 0.0  # > 1: the last tower takes this x as long (benchmarks/harness/slow_tower.py)
     # Runtime options (trainer.system.runtime); process-wide, so part of `session_key`. auto / 0: TensorFlow's default.
     onednn: str = "auto"
     inter_op_threads: int = 0

@@ -10,9 +10,9 @@ import contextlib
 import os
 import time
 
-from benchmarks import timing
-from benchmarks.plan import Figure, Size
-from benchmarks.session import Session, Sessions, WorkerError
+from benchmarks.harness import timing
+from benchmarks.harness.plan import Figure, Size
+from benchmarks.harness.session import Session, Sessions, WorkerError
 
 
 def _window(session: Session, side_id: str) -> timing.Window:

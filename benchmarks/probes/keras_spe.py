@@ -1,4 +1,4 @@
-"""`python -m benchmarks.keras_spe [--settings=..] [--values=8,32,128] [--devices=1,2,4]`: tunes the Keras `fit`
+"""`python -m benchmarks.probes keras_spe [--settings=..] [--values=8,32,128] [--devices=1,2,4]`: tunes the Keras `fit`
 reference as a user would, by trying `steps_per_execution` values.
 
 Each value S is timed against S = 1 on the same devices, alternating windows as every figure is (`--quick`
@@ -13,11 +13,11 @@ import argparse
 import os
 import tempfile
 
-from benchmarks import records as records_lib
-from benchmarks import runner
 from benchmarks.figures import KERAS_STEPS_PER_EXECUTION
-from benchmarks.plan import SETTINGS, SIZES, Figure, Side
-from benchmarks.session import Sessions
+from benchmarks.harness import records as records_lib
+from benchmarks.harness import runner
+from benchmarks.harness.plan import SETTINGS, SIZES, Figure, Side
+from benchmarks.harness.session import Sessions
 
 
 def spe_figures(settings: list[str], values: list[int], devices: list[int]) -> list[Figure]:
@@ -49,14 +49,15 @@ def spe_figures(settings: list[str], values: list[int], devices: list[int]) -> l
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.keras_spe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.probes keras_spe", description=__doc__.split("\n")[0])
     parser.add_argument("--settings", default="cnn-digits,resnet20-synth")
     parser.add_argument("--values", default="8,32,128", help="steps_per_execution values timed against 1")
     parser.add_argument("--devices", default="1,2,4", help="1: no strategy; more: MirroredStrategy")
+    parser.add_argument("--size", default="quick", choices=sorted(SIZES), help="windows per side")
     args = parser.parse_args(argv)
     as_ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     figures = spe_figures(args.settings.split(","), as_ints(args.values), as_ints(args.devices))
-    size = SIZES["quick"]
+    size = SIZES[args.size]
     print(f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="towerflow-bench-logs-") as log_dir:
         sessions = Sessions(log_dir)
@@ -76,7 +77,3 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             sessions.close()
     print(f"load average at end {os.getloadavg()[0]:.2f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.worker --devices=N [--deterministic] [--onednn=..] [--*_op_threads=T]`: builds sides
+"""`python -m benchmarks.harness.worker --devices=N [--deterministic] [--onednn=..] [--*_op_threads=T]`: builds sides
 and times windows on request.
 
 One worker holds what is process-wide in TensorFlow (`plan.SessionKey`): the number of logical CPU devices
@@ -62,8 +62,8 @@ class Server:
 
     def build(self, side_id: str, side: dict, setting: dict, records: dict, trace_steps: int) -> dict:
         """Builds a side and runs its first window (`trace_steps` steps), which traces its step functions."""
-        from benchmarks.plan import Setting, Side
-        from benchmarks.sides import make_side
+        from benchmarks.harness.plan import Setting, Side
+        from benchmarks.harness.sides import make_side
 
         side = Side(**side)
         if side.session_key != self.key:
@@ -143,7 +143,7 @@ def serve(server: Server, commands, replies) -> None:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.worker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=1, help="logical CPU devices")
     parser.add_argument("--deterministic", action="store_true", help="hosts the sides with deterministic=True")
     parser.add_argument("--onednn", choices=("auto", "on", "off"), default="auto", help="as python -m trainer")
@@ -154,7 +154,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
-    from benchmarks.plan import SessionKey
+    from benchmarks.harness.plan import SessionKey
     from trainer.settings.config import RuntimeConfig
     from trainer.system import runtime  # no TensorFlow yet
 

@@ -1,14 +1,14 @@
-"""`python -m benchmarks.wire`: the bytes each task of a multi-task run sends and receives per training step,
+"""`python -m benchmarks.machines wire`: the bytes each task of a multi-task run sends and receives per training step,
 counted by the kernel on that task's own network interface. Needs root.
 
-    python -m benchmarks.wire                                    # the whole grid (below)
-    python -m benchmarks.wire --models=cnn --tasks=2 --towers=1,2 --parameter_device=cpu
-    python -m benchmarks.wire --models=cnn --tasks=2 --towers=1,2 --update_mode=async --out=...
-    python -m benchmarks.wire --summarize=benchmarks/results-wire.json     # the compact table, nothing run
+    python -m benchmarks.machines wire                                    # the whole grid (below)
+    python -m benchmarks.machines wire --models=cnn --tasks=2 --towers=1,2 --parameter_device=cpu
+    python -m benchmarks.machines wire --models=cnn --tasks=2 --towers=1,2 --update_mode=async --out=...
+    python -m benchmarks.machines wire --summarize=benchmarks/results/wire.json     # the compact table, nothing run
 
 Each task of `python -m trainer` (TF_CONFIG, one port per task) runs in its own network namespace
 (`launch/netns.py`: task i in tfnode<i+1> at 10.78.0.(11+i), behind a veth pair on the bridge br-tf), so its
-traffic, and only its, crosses its interface. `benchmarks.multinode` reads `lo` instead: every task merged.
+traffic, and only its, crosses its interface. `benchmarks.machines.multinode` reads `lo` instead: every task merged.
 
 Grid: models {cnn on the digits, resnet50 on 32x32x3 synthetic records} x M tasks {2, 3, 4} x T towers per task
 {1, 2, 4} (`--device=cpu --num_gpus=T`, K = M*T micro-batches of 2 examples) x `--parameter_device` {cpu,
@@ -30,11 +30,11 @@ import tempfile
 import time
 from importlib import metadata
 
-from benchmarks.multinode import COMMON, _machine, free_ports, model_bytes
-from benchmarks.plan import Setting
+from benchmarks.harness import paths
+from benchmarks.harness.plan import Setting
+from benchmarks.machines.multinode import COMMON, _machine, free_ports, model_bytes
 from launch import netns
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES_PER_MICRO_BATCH = 2
 RUN_TIMEOUT_SEC = 1800
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")  # gRPC honours these: not here
@@ -48,7 +48,7 @@ class Workload:
 
 WORKLOADS = {
     "cnn": Workload(Setting("wire-cnn", "cnn", (8, 8, 1), 10, 2, "digits", 1437), 20),
-    # the records benchmarks.multinode measures its resnet50 bytes on (the same cache)
+    # the records benchmarks.machines.multinode measures its resnet50 bytes on (the same cache)
     "resnet50": Workload(Setting("bytes-resnet50", "resnet50", (32, 32, 3), 10, 4, "synthetic", 512), 5),
 }
 
@@ -72,7 +72,9 @@ def run_job(num_tasks: int, towers: int, flags: list[str], model_dir: str, timeo
             tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
             with open(log, "w") as out:
                 env = {**_env(), "TF_CONFIG": json.dumps(tf_config)}
-                procs.append(netns.run_in(i + 1, command, env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+                procs.append(
+                    netns.run_in(i + 1, command, env, cwd=paths.REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+                )
         codes = _wait(procs, start + timeout)
     finally:
         for proc in procs:
@@ -205,7 +207,7 @@ def _names(text: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.wire", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.machines wire", description=__doc__.split("\n")[0])
     parser.add_argument("--models", type=_names, default=list(WORKLOADS), help="comma-separated: cnn,resnet50")
     parser.add_argument("--tasks", type=_ints, default=[2, 3, 4], help="M, comma-separated (each >= 2)")
     parser.add_argument("--towers", type=_ints, default=[1, 2, 4], help="T towers per task, comma-separated")
@@ -213,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--update_mode", type=_names, default=["sync"], help="sync, async (comma-separated)")
     parser.add_argument("--summarize", metavar="JSON", help="print the compact table of a results file; run nothing")
     parser.add_argument("--steps", type=int, default=0, help="S for every model (0: cnn 20, resnet50 5)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results-wire.json"))
+    parser.add_argument("--out", default=paths.result_path("wire.json"))
     return parser
 
 
@@ -230,7 +232,7 @@ def _check(args, parser) -> None:
 
 def run_grid(args, results: dict) -> None:
     """Every cell of the grid in turn (one training at a time: they share the cores), saved after each."""
-    from benchmarks.records import ensure_records  # noqa: PLC0415 (as benchmarks.multinode)
+    from benchmarks.harness.records import ensure_records  # noqa: PLC0415 (as benchmarks.machines.multinode)
 
     prepared = {}
     began = time.monotonic()
@@ -252,9 +254,9 @@ def run_grid(args, results: dict) -> None:
             print("\n".join(table([cell]).splitlines()[2:]), file=sys.stderr, flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = _parser()
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.summarize:
         with open(args.summarize) as f:
             print(compact(json.load(f)["cells"]))
@@ -276,7 +278,3 @@ def _save(results: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
-
-
-if __name__ == "__main__":
-    main()

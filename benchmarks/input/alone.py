@@ -1,61 +1,33 @@
 """`python -m benchmarks --input`: the input pipeline alone, in images/s, on ImageNet-sized synthetic JPEGs.
 
 Writes 500x375 JPEGs with `python -m data.prepare synthetic --format=jpeg` into a temporary directory, then
-times each pipeline of `benchmarks.input_pipelines` on one core (tf.data's private thread pool of 1 thread,
+times each pipeline of `benchmarks.input.pipelines` on one core (tf.data's private thread pool of 1 thread,
 no intra-op parallelism) and on all cores, as the median images/s of several timed windows after a warm-up.
 Ratios are to (a), `tf.io.decode_jpeg` alone on the same bytes: the practical ceiling of a JPEG pipeline.
 From (c) per core it derives how many cores a GPU training ResNet-50 needs to be fed. The figures
 `input_none_vs_decode` and `input_imagenet_vs_decode` ((b) and (c) over (a), targets 0.9 and 1.0) are then
-measured in alternating windows (`benchmarks.input_figures`) and written to the JSON's `figures` list.
+measured in alternating windows (`benchmarks.input.figures`) and written to the JSON's `figures` list.
 
-Then the same for `input_pipelines.SMALL_PIPELINES` on the 32x32x3 records of the resnet20-synth setting, and
+Then the same for `pipelines.SMALL_PIPELINES` on the 32x32x3 records of the resnet20-synth setting, and
 what each --augment kind costs per image, in microseconds of a core: its pipeline's one-core cost per image
 minus that of the same pipeline with --augment=none.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import os
 import statistics
 import tempfile
 import time
 
-from benchmarks import report
+from benchmarks.harness import report
+from benchmarks.input.jpegs import SHAPE, SIZES, SMALL_SETTING, SMALL_SIZES, InputSize, write_jpegs
 
-SHAPE = (375, 500, 3)
-NUM_CLASSES = 1000
 # Approximate published ResNet-50 training throughput per GPU (tf_cnn_benchmarks / NVIDIA DeepLearningExamples
 # era, batch 256, real data); NOT measured here.
 GPU_IMAGES_PER_SEC = {"V100 (fp16)": 1300, "A100 (mixed precision)": 2500}
 
-
-@dataclasses.dataclass(frozen=True)
-class InputSize:
-    name: str
-    num_records: int
-    batch_size: int
-    warmup_batches: int
-    windows: int
-    batches_per_window: int
-
-
-# A window is one epoch of the records (num_records / batch_size batches): towerflow's pipeline reads and
-# shuffles each epoch's records before its first batch, a cost paid once per record that a shorter window
-# would see in some windows and not others. The warm-up is one epoch too (autotuning settles in it).
-SIZES = {
-    "full": InputSize("full", num_records=512, batch_size=32, warmup_batches=16, windows=5, batches_per_window=16),
-    "smoke": InputSize("smoke", num_records=8, batch_size=4, warmup_batches=2, windows=1, batches_per_window=2),
-}
-# 32x32 records: the resnet20-synth setting's 2048, its batch of 64; a window is 4 epochs (an epoch of cached
-# 32x32 images takes ~0.1 s, too short to time on a shared machine).
-SMALL_SETTING = "resnet20-synth"
-SMALL_SIZES = {
-    "full": InputSize("full", num_records=2048, batch_size=64, warmup_batches=32, windows=5, batches_per_window=128),
-    "smoke": InputSize("smoke", num_records=2048, batch_size=16, warmup_batches=2, windows=1, batches_per_window=4),
-}
 # --augment kind -> (its pipeline, the same pipeline with --augment=none, what the pipeline is)
 AUGMENT_PAIRS = (
     ("imagenet", "towerflow_imagenet", "towerflow_none", "500x375 JPEG files -> 224x224 (none: resize whole)"),
@@ -63,18 +35,6 @@ AUGMENT_PAIRS = (
     ("crop_flip", "small_cached_crop_flip", "small_cached_none", "32x32 PNG records, decoded in memory"),
     ("crop_flip", "small_files_crop_flip", "small_files_none", "32x32 PNG records, read and decoded"),
 )
-
-
-def write_jpegs(out_dir: str, num_records: int) -> str:
-    """Writes `num_records` synthetic JPEG records with data.prepare; returns the train glob."""
-    from data import prepare
-
-    args = ["synthetic", out_dir, "--format=jpeg", f"--shape={','.join(map(str, SHAPE))}"]
-    args += [f"--num_classes={NUM_CLASSES}", f"--num_examples={num_records}", "--eval_examples=1"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        if prepare.main(args) != 0:
-            raise RuntimeError(f"python -m data.prepare {' '.join(args)} failed")
-    return os.path.join(out_dir, "train-*")
 
 
 def time_pipeline(dataset, size: InputSize) -> dict:
@@ -116,7 +76,7 @@ def _time_rows(pipelines: dict, build, size: InputSize) -> list[dict]:
 def measure(size: InputSize, pattern: str, encoded) -> list[dict]:
     """Every JPEG pipeline (`input_pipelines.PIPELINES`) over the records of `pattern`, whose image bytes are
     `encoded`: one dict per pipeline."""
-    from benchmarks import input_pipelines as pipelines
+    from benchmarks.input import pipelines
 
     rows = _time_rows(
         pipelines.PIPELINES,
@@ -129,10 +89,10 @@ def measure(size: InputSize, pattern: str, encoded) -> list[dict]:
 
 
 def measure_small(size: InputSize) -> list[dict]:
-    """Every 32x32 pipeline (`input_pipelines.SMALL_PIPELINES`) on the resnet20-synth setting's records."""
-    from benchmarks import input_pipelines as pipelines
-    from benchmarks import records
-    from benchmarks.plan import SETTINGS
+    """Every 32x32 pipeline (`pipelines.SMALL_PIPELINES`) on the resnet20-synth setting's records."""
+    from benchmarks.harness import records
+    from benchmarks.harness.plan import SETTINGS
+    from benchmarks.input import pipelines
 
     pattern = records.ensure_records(SETTINGS[SMALL_SETTING])["train"]
     return _time_rows(
@@ -213,7 +173,7 @@ def cost_table(small_rows: list[dict], costs: list[dict]) -> list[str]:
 
 
 def figure_table(figures: list[dict]) -> list[str]:
-    """The figures (`benchmarks.input_figures`) as `python -m benchmarks` prints its own, with their legend."""
+    """The figures (`benchmarks.input.figures`) as `python -m benchmarks` prints its own, with their legend."""
     return [report.header(), *map(report.row, figures), *report.legend(figures)]
 
 
@@ -223,8 +183,8 @@ def main(smoke: bool = False, out: str | None = None) -> int:
     started, load_start = report.now(), list(os.getloadavg())
     print(f"input benchmark, size {size.name}: {size.num_records} JPEGs {SHAPE}, batch {size.batch_size}", flush=True)
     with tempfile.TemporaryDirectory(prefix="towerflow-input-bench-") as work_dir:
-        from benchmarks import input_figures
-        from benchmarks import input_pipelines as pipelines
+        from benchmarks.input import figures as input_figures
+        from benchmarks.input import pipelines
 
         pattern = write_jpegs(work_dir, size.num_records)
         encoded = pipelines.load_encoded(pattern)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks import inputs, reference, slow_tower
-from benchmarks.plan import Setting, Side
+from benchmarks.harness import inputs, reference, slow_tower
+from benchmarks.harness.plan import Setting, Side
 from trainer.loop.build import build
 from trainer.outputs.progress import ProgressLine
 from trainer.outputs.summaries import Summaries, variable_tags

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.async_overhead`: where an async update's time goes, in milliseconds per update.
+"""`python -m benchmarks.probes async_overhead`: where an async update's time goes, in milliseconds per update.
 
 The same in-memory cnn-digits micro-batches (global batch 128, one micro-batch per tower: 128 / N examples
 per update), timed in alternating windows of `--updates` updates, median of `--windows`:
@@ -27,9 +27,9 @@ def _loops(towers: int, updates: int) -> dict:
     """name -> a function that runs `updates` updates (micro-batches) and returns their seconds."""
     import tensorflow as tf
 
-    from benchmarks import records as records_lib
-    from benchmarks.plan import SETTINGS, Side
-    from benchmarks.sides import TowerflowSide
+    from benchmarks.harness import records as records_lib
+    from benchmarks.harness.plan import SETTINGS, Side
+    from benchmarks.harness.sides import TowerflowSide
 
     setting = SETTINGS["cnn-digits"]
     records = records_lib.ensure_records(setting)
@@ -66,7 +66,9 @@ def _loops(towers: int, updates: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.async_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.probes async_overhead", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--towers", type=int, default=2, help="towers (logical CPU devices) of both modes")
     parser.add_argument("--updates", type=int, default=80, help="updates (micro-batches) per timed window")
     parser.add_argument("--windows", type=int, default=9, help="timed windows per loop (after 2 warm-up)")
@@ -98,7 +100,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:28s} {ms[more][0] - ms[less][0]:8.3f} {ms[more][1] - ms[less][1]:8.3f}")
     for side in sides:
         side.close()
-
-
-if __name__ == "__main__":
-    main()

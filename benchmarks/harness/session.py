@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
-from benchmarks.plan import SessionKey, Setting, Side
+from benchmarks.harness import paths
+from benchmarks.harness.plan import SessionKey, Setting, Side
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LOG_TAIL_CHARS = 4000
 
 
@@ -23,8 +23,8 @@ def side_id(side: Side, setting: Setting) -> str:
 
 
 def worker_command(key: SessionKey) -> list[str]:
-    """The command line of the worker for `key` (benchmarks/worker.py applies it before the first op)."""
-    command = [sys.executable, "-m", "benchmarks.worker", f"--devices={key.devices}", f"--onednn={key.onednn}"]
+    """The command line of the worker for `key` (benchmarks/harness/worker.py applies it before the first op)."""
+    command = [sys.executable, "-m", "benchmarks.harness.worker", f"--devices={key.devices}", f"--onednn={key.onednn}"]
     command += [f"--inter_op_threads={key.inter_op_threads}", f"--intra_op_threads={key.intra_op_threads}"]
     return command + (["--deterministic"] if key.deterministic else [])
 
@@ -46,7 +46,7 @@ class Session:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                cwd=_REPO_ROOT,
+                cwd=paths.REPO_ROOT,
             )
         self.built: set[str] = set()
         self.info: dict | None = None

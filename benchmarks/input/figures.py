@@ -3,7 +3,7 @@
     input_none_vs_decode      (b) --augment=none, 500x375 JPEG -> 224x224 / (a) decode_jpeg alone  target 0.9
     input_imagenet_vs_decode  (c) --augment=imagenet, 224x224       / (a) decode_jpeg alone  target 1.0
 
-Each side is one `benchmarks.input_pipelines` pipeline limited to one thread; a window is one epoch of the
+Each side is one `benchmarks.input.pipelines` pipeline limited to one thread; a window is one epoch of the
 records, timed in CPU-seconds of this process, and windows alternate (A, B, A, B, ...) after a warm-up epoch
 of each, so a change in load hits both sides. Every window ends when the pipelines are idle again (their
 prefetch buffers full), so one side's background work is never counted in the other's window. Rate = images
@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks import timing
+from benchmarks.harness import timing
 
 # name -> (towerflow pipeline, target); the reference side is always input_pipelines' "decode", (a)
 FIGURES = {
@@ -79,7 +79,7 @@ def until_idle(poll_sec: float = 0.05, busy: float = 0.05) -> None:
 
 def measure(size, pattern: str, encoded) -> list[dict]:
     """Both figures over the records of `pattern` (and their bytes `encoded`), with `size` an InputSize."""
-    from benchmarks import input_pipelines as pipelines
+    from benchmarks.input import pipelines
 
     names = [REFERENCE, *(pipeline for pipeline, _ in FIGURES.values())]
     datasets = {name: pipelines.build(name, pattern, encoded, size.batch_size, True) for name in names}
@@ -94,7 +94,7 @@ def measure(size, pattern: str, encoded) -> list[dict]:
 
 
 def record(name: str, target: float, labels, comparison: timing.Comparison, size, seconds: float) -> dict:
-    """The figure's record, with the keys of a training figure's (`benchmarks.runner.result`)."""
+    """The figure's record, with the keys of a training figure's (`benchmarks.harness.runner.result`)."""
     q25, q75 = comparison.pair_ratio_quartiles()
     ratio = comparison.ratio
     sides = {}
@@ -119,11 +119,10 @@ def record(name: str, target: float, labels, comparison: timing.Comparison, size
 
 
 def run(size_name: str) -> list[dict]:
-    """Both figures at `input_only.SIZES[size_name]`, on JPEGs written to a temporary directory."""
-    from benchmarks import input_only
-    from benchmarks import input_pipelines as pipelines
+    """Both figures at `jpegs.SIZES[size_name]`, on JPEGs written to a temporary directory."""
+    from benchmarks.input import jpegs, pipelines
 
-    size = input_only.SIZES[size_name]
+    size = jpegs.SIZES[size_name]
     with tempfile.TemporaryDirectory(prefix="towerflow-input-figures-") as work_dir:
-        pattern = input_only.write_jpegs(work_dir, size.num_records)
+        pattern = jpegs.write_jpegs(work_dir, size.num_records)
         return measure(size, pattern, pipelines.load_encoded(pattern))

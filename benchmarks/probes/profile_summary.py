@@ -1,4 +1,4 @@
-"""`python -m benchmarks.profile_summary A_DIR B_DIR --steps N`: where two sides' step time differs, by op type.
+"""`python -m benchmarks.probes profile_summary A_DIR B_DIR --steps N`: where two sides' step time differs, by op type.
 
 Reads the TensorFlow profiler traces `--profile DIR` leaves (DIR/<figure>-<setting>/{a,b}), without
 TensorBoard's profile plugin: the host plane of the XSpace proto holds one event per executed op (named
@@ -84,7 +84,9 @@ def report(dir_a: str, dir_b: str, steps: int, top: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_summary", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.probes profile_summary", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("dir_a", help="trace directory of side A (e.g. DIR/tower1_vs_plain-cnn-digits/a)")
     parser.add_argument("dir_b", help="trace directory of side B")
     parser.add_argument("--steps", type=int, required=True, help="steps in the traced window (the table's NxSTEPS)")
@@ -92,7 +94,3 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print("\n".join(report(args.dir_a, args.dir_b, args.steps, args.top)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 import models
-from benchmarks.plan import Setting
+from benchmarks.harness.plan import Setting
 
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9

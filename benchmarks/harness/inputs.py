@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import data
-from benchmarks.plan import Setting
+from benchmarks.harness.plan import Setting
 from trainer.settings.config import DataConfig
 
 # Enough batches to hold the whole digits train set (1437 / 128) and 2048 synthetic examples at batch 64;

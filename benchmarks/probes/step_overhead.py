@@ -1,4 +1,4 @@
-"""`python -m benchmarks.step_overhead`: where a short step's time goes, in milliseconds per step.
+"""`python -m benchmarks.probes step_overhead`: where a short step's time goes, in milliseconds per step.
 
 Four loops on one device, the same in-memory cnn-digits batches (global batch 128), timed in alternating
 windows of `--steps` steps, median of `--windows`:
@@ -20,14 +20,15 @@ import tempfile
 import time
 
 
-def _loops(steps: int) -> dict:
-    """name -> a function that runs `steps` steps and returns their seconds."""
+def _loops(steps: int) -> tuple[dict, dict]:
+    """name -> a function that runs `steps` steps and returns their seconds; and name -> the count of updates
+    its optimizer has applied so far, so a window's steps are counted, not assumed."""
     import tensorflow as tf
 
-    from benchmarks import inputs, reference
-    from benchmarks import records as records_lib
-    from benchmarks.plan import SETTINGS, Side
-    from benchmarks.sides import run_config
+    from benchmarks.harness import inputs, reference
+    from benchmarks.harness import records as records_lib
+    from benchmarks.harness.plan import SETTINGS, Side
+    from benchmarks.harness.sides import run_config
     from trainer.loop.build import build
 
     setting = SETTINGS["cnn-digits"]
@@ -50,17 +51,21 @@ def _loops(steps: int) -> dict:
         "plain": lambda: plain.window(steps)[0],
         "plain in-graph loop": lambda: timed(lambda: plain_loop(plain.iterator, tf.constant(steps))),
     }
+    updates = dict.fromkeys(loops, lambda: int(plain.optimizer.iterations.numpy()))
     for name, steps_per_call in (("towerflow, 1 per call", 1), ("towerflow, auto", 0)):
         config = run_config(Side("towerflow"), setting, records, tempfile.mkdtemp(prefix="towerflow-overhead-"))
         config = dataclasses.replace(config, loop=dataclasses.replace(config.loop, steps_per_call=steps_per_call))
         dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
         mode = build(config, train_dataset=dataset).updater
         loops[name] = lambda mode=mode: timed(lambda: mode.train_steps(steps).loss)
-    return loops
+        updates[name] = lambda mode=mode: int(mode.global_step.numpy())
+    return loops, updates
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.probes step_overhead", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--steps", type=int, default=40, help="steps per timed window")
     parser.add_argument("--windows", type=int, default=9, help="timed windows per loop (after 2 warm-up)")
     args = parser.parse_args(argv)
@@ -68,17 +73,16 @@ def main(argv: list[str] | None = None) -> None:
     from trainer.system import devices
 
     devices.configure_logical_cpus(1)  # before any op
-    loops = _loops(args.steps)
+    loops, updates = _loops(args.steps)
     for run in loops.values():
         run(), run()  # traces, warms up
-    seconds = {name: [] for name in loops}
+    seconds, ran = {name: [] for name in loops}, {name: set() for name in loops}
     for _ in range(args.windows):
         for name, run in loops.items():
+            before = updates[name]()
             seconds[name].append(run() / args.steps)
+            ran[name].add(updates[name]() - before)
     print(f"load average {os.getloadavg()[0]:.2f}; median of {args.windows} windows of {args.steps} steps")
     for name, values in seconds.items():
-        print(f"{name:24s} {statistics.median(values) * 1000:7.2f} ms/step")
-
-
-if __name__ == "__main__":
-    main()
+        counted = ",".join(str(n) for n in sorted(ran[name]))
+        print(f"{name:24s} {statistics.median(values) * 1000:7.2f} ms/step  ({counted} updates a window)")

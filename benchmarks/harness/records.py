@@ -14,16 +14,16 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.plan import Setting
+from benchmarks.harness import paths
+from benchmarks.harness.plan import Setting
 from data import digits
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _VERSION = "v1"  # bump when what is written changes
 
 
 def _python(*args: str) -> str:
     done = subprocess.run(
-        [sys.executable, *args], cwd=_REPO_ROOT, capture_output=True, text=True, check=False, env=_quiet_env()
+        [sys.executable, *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, check=False, env=_quiet_env()
     )
     if done.returncode:
         raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-4000:]}")

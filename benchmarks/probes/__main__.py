@@ -1,0 +1,20 @@
+"""`python -m benchmarks.probes NAME [ARGS]`: one-off measurements that explain a headline figure.
+
+Each probe answers one question the table raised (where a step's or an update's time goes, how the Keras
+reference is tuned, where two profiled sides differ); none is part of the headline table. Results:
+benchmarks/results/probes.md and the sections they explain.
+"""
+
+import sys
+
+from benchmarks.harness import commands
+
+COMMANDS = {
+    "step_overhead": "benchmarks.probes.step_overhead",
+    "async_overhead": "benchmarks.probes.async_overhead",
+    "keras_spe": "benchmarks.probes.keras_spe",
+    "profile_summary": "benchmarks.probes.profile_summary",
+}
+
+if __name__ == "__main__":
+    sys.exit(commands.dispatch("python -m benchmarks.probes", COMMANDS, sys.argv[1:]))
