@@ -35,11 +35,6 @@ FORBIDDEN = {
 # launch/slurm.py checks the trainer's flags before submitting, as `python -m trainer` settles them.
 LAUNCH_MAY_IMPORT = {"launch/slurm.py": ("trainer.settings", "trainer.step.modes")}
 TENSORFLOW = ("tensorflow", "keras", "tf_keras")
-KNOWN_CIRCLES = {
-    "benchmarks": pytest.mark.xfail(
-        strict=True, reason="benchmarks.input_figures <-> benchmarks.input_only: removed on the bench branch"
-    )
-}
 
 
 def _modules(package: str) -> list[pathlib.Path]:
@@ -118,7 +113,7 @@ def _path_through(graph: dict[str, set[str]], members: set[str]) -> list[str]:
     raise AssertionError(f"{members} is not a circle")
 
 
-@pytest.mark.parametrize("package", [pytest.param(p, marks=KNOWN_CIRCLES.get(p, ())) for p in PACKAGES])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_inside_a_package(package):
     circles = [" -> ".join(circle) for circle in _circles(_graph(package))]
     assert circles == [], f"import circles in {package}/: {circles}"
