@@ -213,6 +213,6 @@ def _finished(dataset: tf.data.Dataset) -> tf.data.Dataset:
     # No autotuning model: with it, deleting an iterator (a stream rebuilt after a restore, an eval pass, a
     # finished run's streams) waited for the model's thread, 30-80 s at a time on a busy 2-core machine
     # (docs/facts.md). Without it each AUTOTUNE map runs one call per core and prefetch grows its own
-    # buffer; throughput measured the same (benchmarks.inputs, tfrecord_vs_memory).
+    # buffer; throughput measured the same (benchmarks.harness.inputs, tfrecord_vs_memory).
     options.autotune.enabled = False
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)

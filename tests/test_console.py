@@ -61,7 +61,7 @@ def test_settings_slow_on_cpus_warn_only_on_cpu_towers(make_config):
     slow = {"mixed_precision": "fp16", "jit_compile": True}
     on_cpu = costs.cost_warnings(make_config(towers=slow))
     assert [w.split(" on ")[0] for w in on_cpu] == ["--mixed_precision=fp16", "--xla"]
-    assert all("benchmarks/RESULTS.md" in w for w in on_cpu)
+    assert all("benchmarks/results/headline.md" in w for w in on_cpu)
     assert costs.cost_warnings(make_config(towers={**slow, "device": "gpu"})) == []
     assert costs.cost_warnings(make_config(towers={"mixed_precision": "bf16"})) == []
 

@@ -12,7 +12,7 @@ import dataclasses
 from trainer.settings import table
 from trainer.settings.config import RunConfig
 
-RESULTS = "benchmarks/RESULTS.md"
+RESULTS = "benchmarks/results/headline.md"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,7 +78,7 @@ def towers() -> list[Flag]:
             "towers.jit_compile",
             g,
             "XLA-compile the training step (jit_compile). On GPUs it fuses "
-            "element-wise ops; measured effect in benchmarks/RESULTS.md.",
+            "element-wise ops; measured effect in benchmarks/results/headline.md.",
             FREE,
         ),
         Flag(

@@ -4,7 +4,7 @@ critical section, and a loop of several updates in one `tf.function` call.
 The apply (optimizer update, BatchNorm statistics, global step + 1) runs in a `tf.CriticalSection`, a mutex
 inside the graph: it lands whole, whichever thread or call it comes from, so a tower can chain compute and
 apply in one call. A call of n updates costs one Python dispatch and one read of its results, where one
-update per call paid both n times (`benchmarks/RESULTS.md`, "Where async's time goes").
+update per call paid both n times (`benchmarks/results/async.md`, "Where async's time goes").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How many steps one `tf.function` call runs (`--steps_per_call`), and the in-graph loop that runs them.
 
 A call per step costs a Python round trip per step (the call, its argument handling, reading results): on a
-20 ms step that is ~5% (`tower1_vs_plain` in benchmarks/RESULTS.md). Several steps per call, in an in-graph
+20 ms step that is ~5% (`tower1_vs_plain` in benchmarks/results/headline.md). Several steps per call, in an in-graph
 loop, pay it once per call, as Keras's `steps_per_execution` and orbit's `steps_per_loop` do. The result is
 the same bits for every call size (`trainer.step.sync` carries the metric sums through the calls), so the size is
 free to follow the measured step time.
