@@ -77,12 +77,17 @@ class Updater(abc.ABC):
     def latest_loss(self) -> float | None:
         """The loss of the latest update, None before the first; read by the live progress line (once a second)."""
 
-    @abc.abstractmethod
     def wrap_micro_batch(self, wrap) -> None:
         """Replaces the function every tower runs per micro-batch with `wrap(it)`; call before the first step
         traces. The function is `trainer.step.towers.micro_batch_fn`'s: (trainable values, non-trainable
         values, features, labels, loss scale) -> `MicroBatchResult`, called under the tower's device scope.
-        A seam for measurements (`benchmarks/slow_tower.py` slows one tower), not used in training."""
+        A seam for measurements (`benchmarks/slow_tower.py` slows one tower), not used in training, so a mode
+        need not offer it (both built-in modes do).
+
+        Raises:
+          NotImplementedError: the mode has no such function.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no micro-batch function to wrap")
 
     @property
     def staleness_all(self) -> list[int]:
