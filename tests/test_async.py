@@ -6,12 +6,12 @@ import signal
 import threading
 import time
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests._console import on_line
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.step.staleness import Gate, Stopped, TowerFailed
@@ -26,23 +26,23 @@ def _async(make_config, num_towers=2, max_staleness=-1, **loop):
     )
 
 
-def test_keras_assign_add_loses_increments_but_tf_variable_does_not():
-    """Why the global step is a raw tf.Variable: Keras's assign_add is a read-modify-write in Python."""
+@pytest.mark.quick
+def test_a_tf_variable_keeps_every_increment_of_concurrent_threads():
+    """Why the global step is a raw tf.Variable: its assign_add is one op, atomic under threads. (Keras 3.15's
+    `keras.Variable.assign_add` is a read-modify-write in Python that lost ~60% of these increments; that is
+    Keras's behaviour, a race that passes or fails by chance, so it is recorded in docs/facts.md, not tested.)"""
+    variable, threads, each = tf.Variable(0, dtype=tf.int64), 4, 1000
 
-    def hammer(variable, threads=4, each=1000):
-        def work():
-            for _ in range(each):
-                variable.assign_add(1)
+    def work():
+        for _ in range(each):
+            variable.assign_add(1)
 
-        workers = [threading.Thread(target=work) for _ in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return int(variable.numpy())
-
-    assert hammer(tf.Variable(0, dtype=tf.int64)) == 4000
-    assert hammer(keras.Variable(0, dtype="int64")) < 4000  # measured: ~40% survive
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert int(variable.numpy()) == threads * each
 
 
 @pytest.mark.quick
@@ -51,7 +51,8 @@ def test_step_count_equals_applied_updates_and_staleness_is_reported(make_config
     assert metrics["global_step"] == 40
     assert metrics["staleness_updates"] == 40  # every applied update counted once, none lost
     assert metrics["update_mode"] == "async"
-    assert 0 <= metrics["staleness_mean"] <= metrics["staleness_max"] <= 3 * 4
+    # 4 unbounded towers overlap: some updates land on variables others changed since they were read
+    assert 0 < metrics["staleness_mean"] <= metrics["staleness_max"] <= 3 * 4
     on_disk = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert on_disk["staleness_max"] == metrics["staleness_max"]
     acc = event_accumulator.EventAccumulator(
@@ -70,8 +71,11 @@ def test_max_staleness_zero_is_lock_step(make_config):
 
 
 def test_max_staleness_bounds_every_update(make_config):
+    """At S = 1 two towers compute at once, so updates are stale (a lock-step run, staleness 0, would pass a
+    bare `<= 1`), but never by more than 1."""
     metrics = train(_async(make_config, num_towers=4, max_staleness=1, train_steps=40))
-    assert metrics["staleness_max"] <= 1
+    assert metrics["staleness_updates"] == 40
+    assert metrics["staleness_max"] == 1 and 0 < metrics["staleness_mean"] <= 1
 
 
 def test_a_failing_tower_ends_the_run_with_its_number(make_config):
@@ -95,19 +99,20 @@ def test_a_failing_tower_ends_the_run_with_its_number(make_config):
 
 
 @pytest.mark.quick
-def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config, tmp_path):
+def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config, tmp_path, monkeypatch):
+    """SIGINT is sent when the run prints its step-20 line (an event, not a time: a slow machine only takes
+    longer); the run stops at the next step boundary, checkpoints there and says which step it was."""
     config = _async(make_config, train_steps=100_000, log_every_steps=10, checkpoint_every_steps=0)
-    timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(StopRequested, match="stopped by SIGINT at step"):
-            train(config)
-    finally:
-        timer.cancel()
+    sent = on_line(monkeypatch, r"^step\s+20/", lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(StopRequested, match=r"stopped by SIGINT at step (\d+)") as stopped:
+        train(config)
+    assert sent.fired
     stopped_at = int(tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).rsplit("-", 1)[1])
-    assert stopped_at > 0
+    assert f"at step {stopped_at}" in str(stopped.value)
+    assert 20 <= stopped_at < 100_000
     resumed = train(_async(make_config, train_steps=stopped_at + 10))
     assert resumed["global_step"] == stopped_at + 10
+    assert resumed["attempts"][-1]["resumed_from_step"] == stopped_at
 
 
 def _towers(gate, loop, count):

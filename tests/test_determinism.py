@@ -1,18 +1,53 @@
 """The determinism contract: bitwise-identical weights on a rerun, across tower counts, and after resume."""
 
 import dataclasses
+import glob
 import os
 import shutil
 
 import pytest
 import tensorflow as tf
 
+import data
+from tests._console import on_line
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.system import devices
 
 STEPS = 12
+# The line a run prints once it is built (its streams, and a cache, made) and before its first step.
+STARTING = r"^attempt \d+ \("
+_INITIAL = {}
+
+
+def _initial_weights(make_config, tmp_path) -> str:
+    """The hash of the weights every run here starts from (cnn, seed 0), built once per module."""
+    if not _INITIAL:
+        _INITIAL["cnn"] = report.weights_sha256(build(make_config(model_dir=tmp_path / "init")).model.variables)
+    return _INITIAL["cnn"]
+
+
+def _own_digits(tmp_path, name: str) -> dict:
+    """A copy of the digits' training files for one run to damage, and the data settings that read it."""
+    train_glob, eval_glob = data.ensure_digits()
+    os.makedirs(tmp_path / name)
+    for path in glob.glob(train_glob):
+        shutil.copy(path, tmp_path / name)
+    own = str(tmp_path / name / os.path.basename(train_glob))
+    return {"train_data": own, "eval_data": eval_glob, "num_classes": 10}
+
+
+def _zero_once_started(monkeypatch, settings: dict):
+    """Overwrites the run's training files with zeros once it is built: a run that reads them after that
+    fails on a corrupt record; one that trains from the decoded cache never notices."""
+
+    def zero():
+        for path in glob.glob(settings["train_data"]):
+            with open(path, "r+b") as f:
+                f.write(bytes(os.path.getsize(path)))
+
+    return on_line(monkeypatch, STARTING, zero)
 
 
 def _train(make_config, tmp_path, name, num_towers, micro_batches=4, **loop):
@@ -27,7 +62,7 @@ def _train(make_config, tmp_path, name, num_towers, micro_batches=4, **loop):
 @pytest.mark.quick
 def test_rerun_and_tower_counts_give_identical_weights(make_config, tmp_path):
     """cnn has BatchNorm and Dropout: the hardest case for tower-count invariance."""
-    initial = report.weights_sha256(build(make_config(model_dir=tmp_path / "init")).model.variables)
+    initial = _initial_weights(make_config, tmp_path)
     hashes = {n: _train(make_config, tmp_path, f"n{n}", n)["weights_sha256"] for n in (1, 2, 4)}
     rerun = _train(make_config, tmp_path, "n2-again", 2)
     assert hashes[1] == hashes[2] == hashes[4] == rerun["weights_sha256"]
@@ -122,41 +157,56 @@ def _copy_checkpoint(source, target, step):
 
 
 @pytest.mark.parametrize("cache", ["none", "memory"])
-def test_augmented_runs_keep_the_contract(make_config, tmp_path, cache):
+def test_augmented_runs_keep_the_contract(make_config, tmp_path, monkeypatch, cache):
     """--augment=flip forced on cnn-digits: N = 1, 2, 4 at K = 4, a rerun and a kill + resume all give the
-    same weights, with and without the decoded cache."""
+    same weights, with and without the decoded cache. With it, the rerun reads no file once built: its files
+    are zeroed then (without the cache that run fails on a corrupt record)."""
 
-    def augmented(name, n, **loop):
+    def augmented(name, n, own=None, **loop):
         config = make_config(
             model_dir=tmp_path / name,
-            data={"augment": "flip", "cache": cache},
+            data={"augment": "flip", "cache": cache, **(own or {})},
             towers={"num_towers": n, "micro_batches": 4},
             loop={"train_steps": STEPS, **loop},
         )
-        return train(config)["weights_sha256"]
+        metrics = train(config)
+        assert metrics["augment"] == "flip" and metrics["cache"] == cache
+        return metrics["weights_sha256"]
 
     plain = _train(make_config, tmp_path, "plain", 2)["weights_sha256"]
     hashes = {n: augmented(f"n{n}", n, checkpoint_every_steps=STEPS // 2) for n in (1, 2, 4)}
     _copy_checkpoint(tmp_path / "n2", tmp_path / "resumed", STEPS // 2)
     resumed = augmented("resumed", 2, checkpoint_every_steps=STEPS // 2)
-    assert hashes[1] == hashes[2] == hashes[4] == augmented("n4-again", 4) == resumed
+    own = _own_digits(tmp_path, "own") if cache == "memory" else None
+    zeroed = _zero_once_started(monkeypatch, own) if own else None
+    assert hashes[1] == hashes[2] == hashes[4] == augmented("n4-again", 4, own) == resumed
+    assert zeroed is None or zeroed.fired
     assert resumed != plain  # the flips changed what was trained
+    assert resumed != _initial_weights(make_config, tmp_path)  # and something was trained
 
 
-def test_cache_does_not_change_the_weights(make_config, tmp_path):
-    """crop_flip (pad 1 on the 8x8 digits) through an epoch boundary (~22 steps of 32 per stream)."""
-    hashes = [
-        train(
-            make_config(
-                model_dir=tmp_path / cache,
-                data={"augment": "crop_flip", "cache": cache},
-                towers={"micro_batches": 2},
-                loop={"train_steps": 30},
-            )
-        )["weights_sha256"]
-        for cache in ("none", "memory")
-    ]
-    assert hashes[0] == hashes[1]
+def test_cache_does_not_change_the_weights(make_config, tmp_path, monkeypatch):
+    """crop_flip (pad 1 on the 8x8 digits) through an epoch boundary (~22 steps of 32 per stream). The cached
+    run's files are zeroed once it is built: it reads none in either epoch, the uncached run reads them all."""
+
+    def run(cache, own=None):
+        config = make_config(
+            model_dir=tmp_path / cache,
+            data={"augment": "crop_flip", "cache": cache, **(own or {})},
+            towers={"micro_batches": 2},
+            loop={"train_steps": 30},
+        )
+        metrics = train(config)
+        assert metrics["cache"] == cache and metrics["global_step"] == 30
+        return metrics["weights_sha256"]
+
+    uncached = run("none")
+    own = _own_digits(tmp_path, "own")
+    zeroed = _zero_once_started(monkeypatch, own)
+    cached = run("memory", own)
+    assert zeroed.fired
+    assert cached == uncached
+    assert cached != _initial_weights(make_config, tmp_path)  # equal hashes of untouched weights prove nothing
 
 
 def test_steps_per_call_changes_no_bit(make_config, tmp_path, monkeypatch):

@@ -211,6 +211,12 @@ def test_both_steppers_return_a_step_result_of_host_values(make_config, update_m
         assert updater.examples_per_step * (1 if update_mode == "sync" else 2) == 64
         assert updater.train_steps(2).gradients is None
         assert int(updater.global_step.numpy()) == 5
-        assert modes.mode_for(update_mode).run_metrics(config, updater).get("staleness_updates", 5) == 5
+        added = modes.mode_for(update_mode).run_metrics(config, updater)
+        if update_mode == "sync":  # one task: no variable is mirrored
+            assert added == {"mirrored_variables": []}
+        else:  # the staleness of each of the 5 updates applied
+            assert set(added) == {"staleness_mean", "staleness_max", "staleness_updates", "max_staleness"}
+            assert added["staleness_updates"] == 5 and added["max_staleness"] == -1
+            assert 0 <= added["staleness_mean"] <= added["staleness_max"] <= 4  # of 5 updates, at most 4 others
     finally:
         updater.close()

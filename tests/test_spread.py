@@ -29,29 +29,66 @@ def _train(make_config, tmp_path, name, placement, num_towers, **loop):
     return train(config)
 
 
+def _where(trainer) -> tuple[list[str], list[tuple[str, ...]], str]:
+    """Where a built run's state sits ("CPU:i"): each model variable; each trainable variable followed by its
+    optimizer slots (Keras names a slot after its variable's path: `<path with _>_momentum`); the optimizer's
+    step counter."""
+    optimizer = trainer.optimizer
+    slots = {v.name: v.value.device[-5:] for v in optimizer.variables}
+    with_slots = []
+    for variable in trainer.model.trainable_variables:
+        key = variable.path.replace("/", "_")
+        found = [slots[f"{key}_{kind}"] for kind in ("momentum", "velocity") if f"{key}_{kind}" in slots]
+        with_slots.append((variable.value.device[-5:], *found))
+    return [v.value.device[-5:] for v in trainer.model.variables], with_slots, slots["iteration"]
+
+
+def _placed(make_config, tmp_path, placement, num_towers) -> list[str]:
+    """Builds the run `_train` trains; checks each momentum slot sits with its variable; returns the devices
+    of the model's variables."""
+    towers = {"num_towers": num_towers, "micro_batches": 4, "parameter_device": placement}
+    variables, with_slots, iterations = _where(
+        build(make_config(model_dir=tmp_path / f"built-{placement}{num_towers}", towers=towers))
+    )
+    assert with_slots and all(len(set(placed)) == 1 for placed in with_slots), with_slots
+    assert {len(placed) for placed in with_slots} == {2}  # momentum: one slot per variable
+    assert iterations == "CPU:0"
+    return variables
+
+
 def test_spread_gives_the_weights_of_one_parameter_device(make_config, tmp_path):
-    """cnn has BatchNorm and Dropout; K = 4 for every N, so all runs sum the same chains of adds."""
+    """cnn has BatchNorm and Dropout; K = 4 for every N, so all runs sum the same chains of adds. The runs are
+    placed as asked (not all on one device, which would give these bits trivially)."""
     initial = report.weights_sha256(build(make_config(model_dir=tmp_path / "init")).model.variables)
     runs = {(p, n): _train(make_config, tmp_path, f"{p}{n}", p, n) for p, n in [("gpu", 2), ("cpu", 4)]}
     runs.update({("spread", n): _train(make_config, tmp_path, f"spread{n}", "spread", n) for n in (1, 2, 4)})
     hashes = {key: m["weights_sha256"] for key, m in runs.items()}
     assert len(set(hashes.values())) == 1, hashes
     assert hashes["spread", 4] != initial  # trained: equal hashes of untouched weights prove nothing
-    # spread really spreads: at N = 4 every tower holds variables, and metrics.json says so
+    # spread really spreads: at N = 4 every tower holds variables (and their slots), and metrics.json says so
+    spread4 = _placed(make_config, tmp_path, "spread", 4)
+    assert sorted(set(spread4)) == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
+    assert max(spread4.count(d) for d in set(spread4)) < len(spread4) / 2  # no tower holds most of them
     on_disk = json.loads((tmp_path / "spread4" / "metrics.json").read_text())
     assert on_disk["placement"] == "spread"
     assert [d[-5:] for d in on_disk["parameter_devices"]] == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
+    # one parameter device holds everything on the first tower's device
+    assert set(_placed(make_config, tmp_path, "gpu", 2)) == {"CPU:0"}
     assert [d[-5:] for d in runs["gpu", 2]["parameter_devices"]] == ["CPU:0"]
 
 
 def test_slots_live_with_their_variables(make_config, tmp_path):
-    trainer = build(make_config(model_dir=tmp_path / "r", towers={"num_towers": 4, "parameter_device": "spread"}))
-    where = {v.path: v.value.device for v in trainer.model.trainable_variables}
-    assert len(set(where.values())) == 4
-    for variable in trainer.model.trainable_variables:
-        slot = trainer.optimizer.momentums[trainer.optimizer._get_variable_index(variable)]
-        assert slot.value.device == variable.value.device, variable.path
-    assert trainer.optimizer.iterations.value.device.endswith("CPU:0")
+    """Adam's two slots per variable are made on the variable's device, spread over N = 3 towers."""
+    config = make_config(
+        model_dir=tmp_path / "r",
+        towers={"num_towers": 3, "micro_batches": 3, "parameter_device": "spread", "global_batch_size": 63},
+        optimizer={"name": "adam", "learning_rate": 0.001},
+    )
+    variables, with_slots, iterations = _where(build(config))
+    assert sorted(set(variables)) == ["CPU:0", "CPU:1", "CPU:2"] and iterations == "CPU:0"
+    assert {len(placed) for placed in with_slots} == {3}  # the variable, its momentum and its velocity
+    for placed in with_slots:
+        assert len(set(placed)) == 1, placed
 
 
 def test_resume_under_another_placement_gives_the_same_bits(make_config, tmp_path):

@@ -66,6 +66,18 @@ def _kill_when(predicate, signum=signal.SIGTERM, timeout_sec=60.0):
     return sent
 
 
+def _wait_until_caught(process, signum, timeout_sec=60.0) -> None:
+    """Waits until `process` has a handler for `signum` (Linux: the SigCgt mask of /proc/PID/status)."""
+    deadline = time.monotonic() + timeout_sec
+    while process.poll() is None and time.monotonic() < deadline:
+        with open(f"/proc/{process.pid}/status") as status:
+            caught = next(line for line in status if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) >> (signum - 1) & 1:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the process never caught signal {signum} (exit code {process.poll()})")
+
+
 def _latest_step(model_dir) -> int:
     return int(tf.train.latest_checkpoint(str(model_dir / "checkpoints")).rsplit("-", 1)[1])
 
@@ -181,7 +193,7 @@ def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_p
         run_lib.train(config, stop=stop)
     assert stop.seen == [signal.SIGTERM, signal.SIGINT]
     step = _latest_step(tmp_path / "run")
-    assert step > 0
+    assert step >= 5  # the step the signal waited for, or one after it
     resumed = run_lib.train(make_config(loop={"train_steps": step + 2}))  # the checkpoint reads back whole
     assert resumed["global_step"] == step + 2 and resumed["attempts"][1]["resumed_from_step"] == step
 
@@ -228,7 +240,9 @@ def test_cli_signal_during_imports_exits_resumable(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    time.sleep(0.8)  # absl and the flags are loaded; TensorFlow is still importing
+    # Sent once the trainer catches SIGTERM (its handlers come first, before TensorFlow is imported), not
+    # after a fixed time: sooner, the default action would kill it; later, a slow machine's import is done.
+    _wait_until_caught(process, signal.SIGTERM)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == stop_lib.EXIT_RESUMABLE, output[-2000:]
