@@ -178,3 +178,15 @@ def test_the_checks_see_an_upward_import_and_a_circle(tmp_path):
     graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a", "p.d"}, "p.d": set(), "p.e": {"p.d"}}
     assert _circles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
     assert _circles({"p.a": {"p.b"}, "p.b": {"p.d"}, "p.d": set()}) == []
+
+
+def test_the_old_name_of_the_batch_shells_tool_still_runs(tmp_path):
+    """A job submitted before `launch.lost` moved out of trainer/ runs `python -m trainer.outputs.lost` on each
+    requeue (Slurm keeps the batch script as rendered): that name must still end an empty run's step, saying
+    so, as the new one does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for module in ("trainer.outputs.lost", "launch.lost"):
+        result = subprocess.run(
+            [sys.executable, "-m", module, f"--model_dir={tmp_path}"], capture_output=True, text=True, env=env
+        )
+        assert (result.returncode, result.stdout) == (0, "=== towerflow: not a Slurm job: nothing to requeue\n")
