@@ -100,14 +100,12 @@ def call(
     delay, tries = RETRY_FIRST_SEC, 0
     while True:
         tries += 1
-        done, output = _run(command, max(1.0, min(CALL_TIMEOUT_SEC, until - clock())))
+        done, output = _run(command, CALL_TIMEOUT_SEC)  # a whole try even near `until`: the job's end stops it
         if done:
             return output
         final = output.startswith("could not run") or any(p in output for p in PERMANENT)
         if final or clock() + delay > until:
-            why = (
-                "" if final else f" ({tries} {'try' if tries == 1 else 'tries'}, until {_clock(until)}, the job's end)"
-            )
+            why = "" if final else f" ({tries} {'try' if tries == 1 else 'tries'} up to the deadline, {_clock(until)})"
             raise RequeueError(f"{' '.join(command)} {output}{why}")
         again = f"trying again in {delay:.0f} s (until {_clock(until)})"
         say(f"{what}: no answer from Slurm's controller ({output}); {again}")

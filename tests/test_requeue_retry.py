@@ -82,7 +82,9 @@ def test_a_permanent_answer_is_not_retried(fake_scontrol):
 def test_the_retry_stops_at_the_deadline(fake_scontrol):
     calls = fake_scontrol(99, NO_CONTROLLER)
     clock, said = Clock(), []
-    with pytest.raises(requeue.RequeueError, match=r"connect failure\) \(6 tries, until .*, the job's end\)"):
+    with pytest.raises(
+        requeue.RequeueError, match=r"connect failure\) \(6 tries up to the deadline, \d\d:\d\d:\d\d\)$"
+    ):
         _call(40, clock, said)
     assert clock.slept == [1, 2, 4, 8, 16]  # 31 s slept; one more wait of 30 s would pass the 40 s
     assert calls.read_text().count("\n") == 6 and len(said) == 5
@@ -132,8 +134,8 @@ def test_a_requeue_that_never_gets_through_says_what_to_do(tmp_path, fake_scontr
     _lost_attempt(tmp_path)
     line = lost.after_lost_task(str(tmp_path), SlurmJob("9"), 3, until=0)  # the job's time is up
     assert line == (
-        f"a task was lost: requeue failed: scontrol requeue 9 exited 1: {UNREACHABLE} (1 try, until "
-        f"{datetime.datetime.fromtimestamp(0).strftime('%H:%M:%S')}, the job's end). To go on, {requeue.RESUBMIT}."
+        f"a task was lost: requeue failed: scontrol requeue 9 exited 1: {UNREACHABLE} (1 try up to the "
+        f"deadline, {datetime.datetime.fromtimestamp(0).strftime('%H:%M:%S')}). To go on, {requeue.RESUBMIT}."
     )
     outcome = json.loads((tmp_path / "attempts.json").read_text())[0]["outcome"]
     assert outcome.startswith("lost a task: worker task 1 (tfn2:12001) has not answered for 9 s; requeue failed: ")
