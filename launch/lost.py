@@ -11,6 +11,8 @@ first node (the chief's, which holds `DIR/attempts.json`):
 2. When the last attempt ended because a task was lost, it requeues the job so that the run comes back by
    itself, as after a time limit (`after_lost_task`, by `launch.requeue`'s rule), and records it in
    `DIR/attempts.json` (the file `trainer.outputs.attempts` writes: read and rewritten here as plain JSON).
+   When this node cannot reach the controller (its own network is what failed), the requeue is retried
+   with backoff until the job's end time (`launch.requeue.call`), a line per try.
 
 Stop signals are ignored here, as the batch shell defers them: after a preemption's SIGTERM the tasks
 checkpoint while this waits for srun. Nothing here imports TensorFlow: the tool starts at once.
@@ -47,14 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     if job is None:
         print("=== towerflow: not a Slurm job: nothing to requeue", flush=True)
         return 0
-    print(f"=== towerflow: {after_lost_task(args.model_dir, job, args.max_requeues)}", flush=True)
+    until = requeue_lib.deadline(os.environ)  # the job's end time, which the batch script exported
+    print(f"=== towerflow: {after_lost_task(args.model_dir, job, args.max_requeues, until)}", flush=True)
     return 0
 
 
-def after_lost_task(model_dir: str, job: SlurmJob, max_requeues: int) -> str:
+def after_lost_task(model_dir: str, job: SlurmJob, max_requeues: int, until: float) -> str:
     """After a multi-task job step ended: when the job's last attempt ended because a task was lost (the peer
     watch's outcome, a step failed on a dead worker, or no end recorded: the chief killed), requeues the job
-    as `launch.requeue.decide` allows and records it as that attempt's end. Returns a line saying what it did."""
+    as `launch.requeue.decide` allows, retrying until `until` while the controller does not answer (this node
+    may be the one that lost its network), and records it as that attempt's end. Returns a line saying what
+    it did."""
     path = os.path.join(model_dir, requeue_lib.ATTEMPTS_FILE)
     attempts = _read(path)
     last = attempts[-1] if attempts else None
@@ -68,7 +73,8 @@ def after_lost_task(model_dir: str, job: SlurmJob, max_requeues: int) -> str:
     # steps_left: some (an attempt that finished says "finished"); not a time-limit warning
     decision = requeue_lib.decide(job, max_requeues, history, 1, trained, signalled_while_training=False)
     ended = outcome if outcome != requeue_lib.RUNNING else requeue_lib.killed(last["step"])
-    last["outcome"], line = requeue_lib.carry_out(decision, job, ended, requeue_lib.LOST_REQUEUED, "a task was lost")
+    why = "a task was lost"
+    last["outcome"], line = requeue_lib.carry_out(decision, job, ended, requeue_lib.LOST_REQUEUED, why, until)
     _write(path, attempts)
     return line
 

@@ -12,12 +12,22 @@ when an attempt that was already training could not finish a single step before 
 would only repeat that, forever), or after `max_requeues` requeues in a row that made no progress (no newer
 checkpoint than the one they resumed from). A requeue after progress is never capped: a week-long run on a
 24-hour partition needs 7 of them, and a run that keeps checkpointing gets there whatever their number.
+
+The requeue is needed exactly when something went wrong, often the network: the node that asks may not reach
+the controller at that moment (measured on the two-node test Slurm with the chief's node cut off: `scontrol
+requeue` says "Unexpected message received for job J" after ~10 s, `scontrol show job` "Unable to contact
+slurm controller (connect failure)"). So every Slurm call made on the run's behalf (`call`) is retried with
+backoff, 1, 2, 4 .. 30 s between tries, one line each, until the controller answers or the job's time runs
+out (`deadline`); an answer that cannot change with time (`PERMANENT`) is not retried.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import subprocess
+import time
+from collections.abc import Callable, Mapping
 
 from launch.cluster import SlurmJob
 
@@ -32,8 +42,91 @@ TIME_LIMIT_REQUEUED = "requeued for the time limit"
 LOST_REQUEUED = "requeued after a lost task"
 
 
+# Slurm's answers to a requeue that no wait can change (slurm_errno.c's words): the job is gone or not this
+# user's, or not requeueable (`--no-requeue`, JobRequeue=0: "Requested operation is presently disabled").
+# Anything else (connect failures, timeouts, "Unexpected message received", a munge error) is retried.
+PERMANENT = (
+    "Invalid job id",
+    "presently disabled",
+    "Access/permission denied",
+    "Only batch jobs",
+    "already completing or completed",
+    "Job is pending execution",
+)
+RETRY_FIRST_SEC, RETRY_MAX_SEC = 1.0, 30.0  # between tries: 1, 2, 4, 8, 16, 30, 30 ..
+CALL_TIMEOUT_SEC = 60.0  # one try; an unreachable controller answers within ~20 s (MessageTimeout 10 s)
+# The job's end time, epoch seconds or Slurm's local "YYYY-MM-DDTHH:MM:SS": Slurm 22.05 sets no such variable
+# (checked), so the batch script exports squeue's %e once at the start (launch/sbatch.py).
+END_TIME_VARIABLES = ("SLURM_JOB_END_TIME", "TOWERFLOW_JOB_END_TIME")
+DEFAULT_BUDGET_SEC = 3600.0  # no end time known (no time limit, or squeue failed): retry for an hour
+
+
 class RequeueError(RuntimeError):
     """`scontrol requeue` failed; the message has its output."""
+
+
+def deadline(environ: Mapping[str, str], now: float | None = None) -> float:
+    """Until when (epoch seconds) a Slurm call made for this job may be retried: the job's end time when the
+    environment gives it, else `DEFAULT_BUDGET_SEC` from `now`."""
+    now = time.time() if now is None else now
+    for name in END_TIME_VARIABLES:
+        text = environ.get(name, "").strip()
+        try:
+            return float(text) if text.isdigit() else datetime.datetime.fromisoformat(text).timestamp()
+        except ValueError:  # unset, "NONE" (no time limit), "Unknown"
+            continue
+    return now + DEFAULT_BUDGET_SEC
+
+
+def say_line(line: str) -> None:
+    """One line of the job's log, as the batch shell's other lines."""
+    print(f"=== towerflow: {line}", flush=True)
+
+
+def call(
+    command: list[str],
+    what: str,
+    until: float,
+    say: Callable[[str], None] = say_line,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> str:
+    """Runs the Slurm command until it succeeds; returns its output. A failure is tried again after 1, 2, 4 ..
+    30 s, saying so in one line, until `until` (epoch seconds) would pass; an answer in `PERMANENT` is not.
+
+    Raises:
+      RequeueError: the command is missing, gave a permanent answer, or still failed at `until`.
+    """
+    delay, tries = RETRY_FIRST_SEC, 0
+    while True:
+        tries += 1
+        done, output = _run(command, CALL_TIMEOUT_SEC)  # a whole try even near `until`: the job's end stops it
+        if done:
+            return output
+        final = output.startswith("could not run") or any(p in output for p in PERMANENT)
+        if final or clock() + delay > until:
+            why = "" if final else f" ({tries} {'try' if tries == 1 else 'tries'} up to the deadline, {_clock(until)})"
+            raise RequeueError(f"{' '.join(command)} {output}{why}")
+        again = f"trying again in {delay:.0f} s (until {_clock(until)})"
+        say(f"{what}: no answer from Slurm's controller ({output}); {again}")
+        sleep(delay)
+        delay = min(2 * delay, RETRY_MAX_SEC)
+
+
+def _run(command: list[str], timeout_sec: float) -> tuple[bool, str]:
+    """One try: (succeeded, its output or what went wrong)."""
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_sec, check=False)
+    except OSError as e:
+        return False, f"could not run: {e}"
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout_sec:.0f} s"
+    output = " ".join((result.stderr or result.stdout).split())
+    return result.returncode == 0, output if result.returncode == 0 else f"exited {result.returncode}: {output}"
+
+
+def _clock(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,29 +206,29 @@ def decide(
     )
 
 
-def requeue(job: SlurmJob, timeout_sec: float = 60.0) -> None:
-    """Puts the job back in the queue with `scontrol requeue` (array tasks as `ARRAYJOB_TASK`).
+def requeue(job: SlurmJob, until: float, say: Callable[[str], None] = say_line) -> None:
+    """Puts the job back in the queue with `scontrol requeue` (array tasks as `ARRAYJOB_TASK`), retried until
+    `until` (`call`).
 
     Raises:
-      RequeueError: scontrol is missing, failed or timed out; the message says which.
+      RequeueError: scontrol is missing, refused, or never got through; the message says which.
     """
-    command = ["scontrol", "requeue", job.requeue_target]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_sec, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RequeueError(f"{' '.join(command)} could not run: {e}") from e
-    if result.returncode != 0:
-        output = (result.stderr or result.stdout).strip()
-        raise RequeueError(f"{' '.join(command)} exited {result.returncode}: {output}")
+    call(["scontrol", "requeue", job.requeue_target], f"requeue of job {job.requeue_target}", until, say)
 
 
-def carry_out(decision: Decision, job: SlurmJob | None, outcome: str, requeued: str, why: str) -> tuple[str, str]:
-    """Requeues the job if `decision` says so. Returns what to record as the attempt's end (`outcome`, and what
-    became of the requeue: prefixed `requeued` when done) and the log line, starting with `why`."""
+RESUBMIT = "resubmit the job's script (in the run's model_dir/slurm/) with sbatch: it resumes from the last checkpoint"
+
+
+def carry_out(
+    decision: Decision, job: SlurmJob | None, outcome: str, requeued: str, why: str, until: float
+) -> tuple[str, str]:
+    """Requeues the job if `decision` says so, retrying until `until`. Returns what to record as the attempt's
+    end (`outcome`, and what became of the requeue: prefixed `requeued` when done) and the log line, starting
+    with `why`."""
     if not decision.requeue:
         return f"{outcome}; not requeued: {decision.reason}", f"{why}: not requeued: {decision.reason}"
     try:
-        requeue(job)
+        requeue(job, until)
     except RequeueError as e:
-        return f"{outcome}; requeue failed: {e}", f"{why}: requeue failed: {e}. Resubmit the job to resume."
+        return f"{outcome}; requeue failed: {e}", f"{why}: requeue failed: {e}. To go on, {RESUBMIT}."
     return f"{requeued} ({decision.reason}); {outcome}", f"{why}: job {job.requeue_target} requeued ({decision.reason})"

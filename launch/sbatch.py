@@ -41,6 +41,9 @@ node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks
   (`launch/requeue.py`), and records it in attempts.json. Anything else (finished, stopped by a signal, a
   time-limit requeue already made, bad flags) it leaves alone. The shell traps SIGTERM so that it outlives a
   preemption's signal until srun has ended; srun itself hears the SIGTERM as it did as the batch task.
+- At its start the script exports the job's end time (`squeue -o %e`, once; Slurm 22.05 has no variable for
+  it): the requeue after a lost task or a time-limit warning is retried while the controller does not
+  answer, until then (`launch/requeue.py`). srun passes the variable on to the tasks.
 - srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05), so the script passes it again; with
   T > 1 GPU tasks per node, `--gpu-bind=per_task:G` gives each task its own G GPUs.
 """
@@ -51,6 +54,8 @@ import dataclasses
 import datetime
 import re
 import shlex
+
+from launch.requeue import END_TIME_VARIABLES
 
 WARNING_SIGNAL = "USR1"
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -206,6 +211,13 @@ _TASKS_COMMENT = (
 )
 
 
+_END_TIME = (
+    "# The job's end time, read once while the controller surely answers: a requeue retried when it does not",
+    "# (this node's network down) gives up there (launch/requeue.py). NONE without a time limit.",
+    f'export {END_TIME_VARIABLES[-1]}="$(timeout 30 squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null || true)"',
+)
+
+
 def render(spec: JobSpec) -> str:
     """The sbatch script of `spec` (validated first)."""
     validate(spec)
@@ -223,6 +235,7 @@ def render(spec: JobSpec) -> str:
         "set -eu",
         f"cd {shlex.quote(spec.workdir)}",
         'echo "=== towerflow: job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
+        *_END_TIME,
         *comment,
         *run,
     ]

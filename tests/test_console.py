@@ -3,6 +3,11 @@ TensorBoard draws them, "already complete", and the warning on a stretched sched
 
 import io
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from tensorboard.plugins.histogram import summary_v2
 from trainer.loop.run import train
 from trainer.outputs import costs, progress
 from trainer.outputs.summaries import histogram_buckets
+from trainer.system import console
 
 
 def _scalars(directory, tag: str) -> dict[int, float]:
@@ -136,3 +142,78 @@ def test_histogram_buckets_are_tensorboards(values):
     np.testing.assert_allclose(ours[:, :2], theirs[:, :2], rtol=1e-12)
     np.testing.assert_array_equal(ours[:, 2], theirs[:, 2])
     assert ours[:, 2].sum() == values.size
+
+
+# TensorFlow 2.21's lines as a healthy job of two tasks printed them (TF_CPP_MIN_LOG_LEVEL=1), and one that is not
+# harmless: what trainer.system.console must drop, and what it must keep.
+CUINIT = (
+    "E0000 00:00:1795681227.562792   27351 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+    "Failed call to cuInit: UNKNOWN ERROR (303)\n"
+)
+NODEDEF = (
+    "E0000 00:00:1795681243.696138   27351 node_def_util.cc:682] NodeDef mentions attribute use_unbounded_threadpool "
+    "which is not in the op definition: Op<name=MapDataset; signature=input_dataset:variant, other_arguments: -> "
+    "handle:variant; attr=f:func> This may be expected if your graph generating binary is newer  than this binary. "
+    "Unknown attributes will be ignored. NodeDef: {{node ParallelMapDatasetV2/_24}}\n"
+)
+HANDLE_CACHE = (
+    "E0000 00:00:1795681245.514664   27919 function_handle_cache.cc:31] Failed to clear function handle cache: "
+    "UNIMPLEMENTED: Releasing a multi-device component handle on a remote device is not yet implemented.\n"
+)
+TYPE_INFERENCE = [
+    "W0000 00:00:1795681243.753516   27351 type_inference.cc:340] Type inference failed. This indicates an invalid "
+    "graph that escaped type checking. Error message: INVALID_ARGUMENT: expected a subtype of goo.gle/debugonly   \n",
+    "type_id: TFT_TENSOR\n", "args {\n", "  type_id: TFT_INT32\n", "}\n",
+    " for input 2 of a homogeneous container 1001, got goo.gle/debugonly   \n",
+    "type_id: TFT_SHAPE_TENSOR\n", "args {\n", "  type_id: TFT_INT32\n", "}\n", "\n",
+    "\twhile inferring type of node 'map/while/body/_1/map/while/TensorArrayV2Write_1/TensorListSetItem'\n",
+]  # fmt: skip
+REAL = "E0000 00:00:1795681245.514664   27919 grpc_util.cc:50] UNAVAILABLE: Connection reset by peer\n"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("level", [1, 2])
+def test_the_known_harmless_lines_are_dropped_and_a_real_error_is_kept(level):
+    lines = [CUINIT, "step 1/6\n", NODEDEF, *TYPE_INFERENCE, "error: a real one\n", REAL, HANDLE_CACHE, "done\n"]
+    assert list(console.kept(lines, level)) == ["step 1/6\n", "error: a real one\n", REAL, "done\n"]
+    assert list(console.kept(lines, 0)) == lines  # -v: everything
+
+
+@pytest.mark.quick
+def test_every_harmless_line_is_documented_and_matches_what_tensorflow_printed():
+    doc = (Path(__file__).parent.parent / "docs" / "console.md").read_text()
+    printed = [CUINIT, NODEDEF, HANDLE_CACHE, TYPE_INFERENCE[0]]
+    assert [console._harmless(line) for line in printed] == list(console.HARMLESS)
+    for harmless in console.HARMLESS:
+        assert f"`{harmless.says.split(':')[0].replace(chr(92), '')}" in doc, harmless.says  # its words, unescaped
+
+
+@pytest.mark.quick
+def test_a_message_that_does_not_go_on_as_the_harmless_one_does_is_shown_whole():
+    cut_in = [*TYPE_INFERENCE[:4], "error: another thread's\n", *TYPE_INFERENCE[4:]]  # cannot be part of it
+    assert list(console.kept(cut_in, 2)) == cut_in[:5] + TYPE_INFERENCE[4:]
+    endless = [TYPE_INFERENCE[0], *["}\n"] * console.MESSAGE_LINES_MAX, "after\n"]
+    assert list(console.kept(endless, 2)) == endless
+    assert list(console.kept(TYPE_INFERENCE[:3], 2)) == TYPE_INFERENCE[:3]  # the stream ended inside it
+
+
+@pytest.mark.quick
+def test_the_filter_process_passes_lines_as_they_come_and_everything_left_when_the_task_is_killed(tmp_path):
+    """A task that filters its stderr from now on writes a harmless line, a real one, waits, then dies of
+    SIGKILL: the real line is out before the task dies, and nothing it wrote is lost."""
+    first, last = CUINIT + "error: first\n", HANDLE_CACHE + REAL
+    script = f"""
+import os, sys, time
+from trainer.system import console
+console.filter_from_now(2)
+os.write(2, {first!r}.encode())
+time.sleep(3)
+os.write(2, {last!r}.encode())
+os.kill(os.getpid(), 9)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    task = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, env=env)
+    started = time.monotonic()
+    assert task.stderr.readline() == b"error: first\n" and time.monotonic() - started < 3  # live, not at the end
+    assert task.stderr.read() == REAL.encode()  # to the end of the stream: the filter outlived the task
+    assert task.wait() == -9

@@ -51,6 +51,9 @@ def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, en
     assert not [w for w in workers if os.path.exists(distributed.status_path(w))]  # nothing left in /tmp
     for task in range(num_tasks):  # a healthy run prints no traceback ("Exception ignored in Executor.__del__")
         assert "Traceback" not in job.output(task) and "retracing" not in job.output(task), job.output(task)[-3000:]
+        # nor TensorFlow's C++ E or W lines (TF_CPP_MIN_LOG_LEVEL=1 here): the known-harmless ones are kept out
+        # (trainer.system.console.HARMLESS, docs/console.md)
+        assert not re.findall(r"^[EW]\d{4} \d\d:\d\d:.*$", job.output(task), re.MULTILINE), job.output(task)[-3000:]
     per_task = 4 // num_tasks
     want = {f"tower_step_sec/task_{t}_cpu_{g}" for t in range(num_tasks) for g in range(per_task)}
     assert want <= _train_tags(tmp_path / "run")  # TensorBoard names the towers by task and device

@@ -193,7 +193,7 @@ def test_a_lost_task_requeues_the_job_by_the_rule_of_time_limits(
     records = [_attempt(i + 1, *earlier) for i, earlier in enumerate(history)]
     records.append(_attempt(len(records) + 1, *last))
     (tmp_path / "attempts.json").write_text(json.dumps(records))
-    said = lost.after_lost_task(str(tmp_path), slurm_job(os.environ), 3)
+    said = lost.after_lost_task(str(tmp_path), slurm_job(os.environ), 3, until=4e9)
     assert line in said
     assert (fake_slurm.read_text() if fake_slurm.exists() else "") == "requeue 300_5\n" * calls
     assert _attempts_in(tmp_path)[-1]["outcome"].startswith(outcome)

@@ -61,10 +61,16 @@ def test_a_job_on_two_nodes_completes_with_the_weights_of_one_process(two_node_s
     assert f"chief of task 0 of 2 (slurm job {job_id} step 0), {workers}" in log, log[-3000:]
     assert f"task 1 of 2 (slurm job {job_id} step 0), {workers}: serving 2 cpu device(s) to the chief" in log
     assert f"the chief at tfn1:{port} ended the run with exit code 0; exiting with it" in log
+    assert not _tensorflow_warnings(log), log[-3000:]  # the harmless ones kept out (trainer.system.console)
     result = metrics(model_dir)
     assert (result["num_tasks"], result["num_towers"], result["towers_per_task"]) == (2, 4, 2)
     assert result["global_step"] == STEPS
     assert result["weights_sha256"] == one_process_sha256
+
+
+def _tensorflow_warnings(log: str) -> list[str]:
+    """TensorFlow's C++ E and W lines in a job's log (srun's `--label` before each)."""
+    return re.findall(r"^(?:\d+: )?[EW]\d{4} \d\d:\d\d:.*$", log, re.MULTILINE)
 
 
 def _tfn1_reaches_tfn2_slurmd() -> bool:
@@ -151,6 +157,56 @@ def test_a_longer_outage_ends_every_task_and_the_job_requeues_itself_and_finishe
     first, second = metrics(model_dir)["attempts"]
     assert first["outcome"].startswith("requeued after a lost task") and second["outcome"] == "finished"
     assert metrics(model_dir)["weights_sha256"] == long_sha256
+
+
+def _wait_for_log(model_dir, job_id: int, pattern: str, timeout_sec: float) -> re.Match:
+    """Until the job's log matches `pattern` (re.MULTILINE); the match."""
+    deadline = time.monotonic() + timeout_sec
+    while not (found := re.search(pattern, _log_of(model_dir, job_id), re.MULTILINE)):
+        assert time.monotonic() < deadline, _log_of(model_dir, job_id)[-3000:]
+        time.sleep(0.2)
+    return found
+
+
+def test_a_cut_of_the_chiefs_node_past_the_first_requeue_is_ridden_out_and_the_job_finishes(
+    two_node_slurm, tmp_path, long_sha256
+):
+    """tfn1's link down (the chief's node, where the batch shell runs) with --peer_timeout_sec=8: each task
+    ends with 75 naming the other, the batch shell ends the waiting srun 30 s later and asks for the requeue
+    while tfn1 still cannot reach the controller. The link stays down until two tries have failed; the next one gets
+    through, and the job comes back by itself and finishes with the weights of one process."""
+    model_dir = tmp_path / "chief-outage"
+    flags = (*LONG_LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=250")
+    job_id = _submit(two_node_slurm, model_dir, flags)
+    _wait_for_log(model_dir, job_id, r"^0: step +(3|4|5|6)00/", 120)  # a checkpoint at 250: progress to requeue
+    unanswered = rf"^=== towerflow: requeue of job {job_id}: no answer from Slurm's controller \(exited 1: (.*)\);"
+    two_node_lib.NET.set_link(1, up=False)
+    cut = time.monotonic()
+    try:
+        first = _wait_for_log(model_dir, job_id, unanswered, 150)
+        tried = time.monotonic() - cut
+        _wait_for_log(model_dir, job_id, unanswered + "(.|\n)*" + unanswered, 120)  # the second try failed too
+    finally:
+        two_node_lib.NET.set_link(1, up=True)
+    outage = time.monotonic() - cut
+    _wait_for_log(model_dir, job_id, rf"^=== towerflow: job {job_id} restart 1 on ", 120)
+    restarted = time.monotonic() - cut
+    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=300)
+    log = _log_of(model_dir, job_id)
+    print(f"tfn1 cut {outage:.0f} s (first requeue try failed at {tried:.0f} s); restart {restarted:.0f} s, "
+          f"done {time.monotonic() - cut:.0f} s after the cut")  # fmt: skip
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
+    assert first[1] == f"Unexpected message received for job {job_id}"  # what 22.05 says when unreachable
+    port = 12000 + (job_id % 2500) * 8
+    # tfn2's task said so too, but through srun on tfn1, out of reach: its line never reaches the log
+    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in log
+    assert f"=== towerflow: a task was lost: job {job_id} requeued (requeue 1, after " in log
+    first, second = metrics(model_dir)["attempts"]
+    assert first["outcome"].startswith("requeued after a lost task (requeue 1, after "), first["outcome"]
+    assert f"lost a task: worker task 1 (tfn2:{port}) has not answered for " in first["outcome"]
+    assert (second["resumed_from_step"], second["outcome"]) == (first["step"], "finished")
+    assert metrics(model_dir)["weights_sha256"] == long_sha256
+    assert not _tensorflow_warnings(log), log[-3000:]
 
 
 def _wait_for_step_of_restart(model_dir, job_id: int, restart: int, step: int, timeout_sec: float = 240) -> None:

@@ -146,6 +146,7 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
         stop.step - started if stop.step is not None and started is not None else 0,
         stop.signalled_while_training,
     )
-    ended, line = requeue_lib.carry_out(decision, job, outcome, TIME_LIMIT_REQUEUED, "time-limit warning")
+    until = requeue_lib.deadline(os.environ)  # the job's end: the requeue must get through before it
+    ended, line = requeue_lib.carry_out(decision, job, outcome, TIME_LIMIT_REQUEUED, "time-limit warning", until)
     log.end(ended)
     return line

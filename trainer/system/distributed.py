@@ -13,6 +13,9 @@ whose TensorFlow server does not answer for `--peer_timeout_sec` (a cut network,
 port is closed (the process is gone), ends the attempt with 75, naming it. A step that needs a dead worker
 fails at once with `UnavailableError`, which `explain` turns into `WorkerLost` (75 too). Checkpoints are
 atomic, so the last one stays valid and a rerun resumes from it.
+
+Both the chief and the workers send their stderr through `trainer.system.console.filter_from_now`: TensorFlow's
+remote functions and iterators print known-harmless C++ lines while a job runs (`console.HARMLESS`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import tensorflow as tf
 
 from launch.cluster import Cluster
 from trainer.settings.config import RunConfig
-from trainer.system import determinism, devices, peers, runtime
+from trainer.system import console, determinism, devices, peers, runtime
 from trainer.system import stop as stop_lib
 
 CONNECTED = "connected"  # a worker's status once the chief has joined it; then the chief's exit code
@@ -54,6 +57,7 @@ def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) 
     Raises:
       WorkerLost: a worker was not listening after `timeout_sec`; the message lists them.
     """
+    console.filter_from_now(console.level_in_force())  # TensorFlow's harmless lines of several tasks, as they come
     if config.towers.device == "cpu":
         devices.configure_logical_cpus(config.towers.num_towers)
     missing = _wait_for(cluster.workers[1:], timeout_sec)
@@ -139,6 +143,7 @@ def serve(cluster: Cluster, config: RunConfig, stop: stop_lib.StopRequest, log=p
     pipelines, then tells them. Without a chief after --cluster_timeout_sec, the worker gives up (1; 75 if
     signalled); a chief lost later ends it with 75 (`peers.PeerWatch`, --peer_timeout_sec).
     """
+    console.filter_from_now(console.level_in_force())  # TensorFlow's harmless lines of several tasks, as they come
     determinism.configure(config.seed, config.deterministic)
     status = status_path(cluster.address)
     if os.path.exists(status):
