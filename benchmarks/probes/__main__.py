@@ -1,8 +1,8 @@
 """`python -m benchmarks.probes NAME [ARGS]`: one-off measurements that explain a headline figure.
 
 Each probe answers one question the table raised (where a step's or an update's time goes, how the Keras
-reference is tuned, where two profiled sides differ); none is part of the headline table. Results:
-benchmarks/results/probes.md and the sections they explain.
+reference is tuned, where two profiled sides differ); none is part of the headline table. Results: in the
+sections of benchmarks/results/ they explain (headline.md, async.md, keras.md).
 """
 
 import sys
