@@ -7,6 +7,7 @@ when pytest loads this file, before any test module runs an op.
 
 import dataclasses
 import os
+import signal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -94,3 +95,19 @@ def make_config(tmp_path):
         return dataclasses.replace(base, **replaced)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def no_stop_signal_left_behind():
+    """Fails the test that leaves the process-wide stop request holding a signal or installed (importing
+    `trainer.__main__` installs it), and undoes that: otherwise every later run in this test process stops
+    "before the model was built" (a cascade of 12 failures once, far from its cause)."""
+    from trainer.system import stop  # noqa: PLC0415 (no TensorFlow; imported late like the trainer elsewhere)
+
+    yield
+    signals = list(stop.REQUEST.signals)
+    installed = [s for s in stop.STOP_SIGNALS if signal.getsignal(s) == stop.REQUEST.handle]
+    stop.REQUEST.uninstall()
+    stop.REQUEST.clear()
+    if signals or installed:
+        pytest.fail(f"the test left the stop request with signals {signals}, handlers installed for {installed}")

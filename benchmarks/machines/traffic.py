@@ -64,7 +64,12 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
 
     placement = _placement(num_towers, placement_name)
     config = cfg.RunConfig(
-        towers=cfg.TowerConfig(num_towers=num_towers, device="cpu", parameter_device=placement_name),
+        towers=cfg.TowerConfig(
+            num_towers=num_towers,
+            device="cpu",
+            parameter_device=placement_name,
+            global_batch_size=num_towers * per_micro_batch,  # K = N micro-batches of per_micro_batch
+        ),
         model=cfg.ModelConfig(model),
     )
     inputs = types.SimpleNamespace(train=types.SimpleNamespace(example_shape=EXAMPLE_SHAPES[model]))
