@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from benchmarks import figures, runner, session, timing
+from benchmarks import figures
+from benchmarks.harness import runner, session, timing
 from benchmarks.harness.plan import SETTINGS, SIZES, Figure, SessionKey, Side
 from trainer.settings import config
 from trainer.system import runtime

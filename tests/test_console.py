@@ -168,13 +168,18 @@ TYPE_INFERENCE = [
     "type_id: TFT_SHAPE_TENSOR\n", "args {\n", "  type_id: TFT_INT32\n", "}\n", "\n",
     "\twhile inferring type of node 'map/while/body/_1/map/while/TensorArrayV2Write_1/TensorListSetItem'\n",
 ]  # fmt: skip
+RENDEZVOUS = (
+    "W0000 00:00:1795685132.459914    8506 local_rendezvous.cc:412] Local rendezvous is aborting with status: "
+    "ABORTED: Cleanup -5543426334547564496 [type.googleapis.com/tensorflow.DerivedStatus='']\n"
+)
 REAL = "E0000 00:00:1795681245.514664   27919 grpc_util.cc:50] UNAVAILABLE: Connection reset by peer\n"
 
 
 @pytest.mark.quick
 @pytest.mark.parametrize("level", [1, 2])
 def test_the_known_harmless_lines_are_dropped_and_a_real_error_is_kept(level):
-    lines = [CUINIT, "step 1/6\n", NODEDEF, *TYPE_INFERENCE, "error: a real one\n", REAL, HANDLE_CACHE, "done\n"]
+    lines = [CUINIT, "step 1/6\n", NODEDEF, *TYPE_INFERENCE, "error: a real one\n", REAL, HANDLE_CACHE]
+    lines += [RENDEZVOUS, "done\n"]
     assert list(console.kept(lines, level)) == ["step 1/6\n", "error: a real one\n", REAL, "done\n"]
     assert list(console.kept(lines, 0)) == lines  # -v: everything
 
@@ -182,7 +187,7 @@ def test_the_known_harmless_lines_are_dropped_and_a_real_error_is_kept(level):
 @pytest.mark.quick
 def test_every_harmless_line_is_documented_and_matches_what_tensorflow_printed():
     doc = (Path(__file__).parent.parent / "docs" / "console.md").read_text()
-    printed = [CUINIT, NODEDEF, HANDLE_CACHE, TYPE_INFERENCE[0]]
+    printed = [CUINIT, NODEDEF, HANDLE_CACHE, TYPE_INFERENCE[0], RENDEZVOUS]
     assert [console._harmless(line) for line in printed] == list(console.HARMLESS)
     for harmless in console.HARMLESS:
         assert f"`{harmless.says.split(':')[0].replace(chr(92), '')}" in doc, harmless.says  # its words, unescaped

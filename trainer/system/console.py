@@ -76,6 +76,12 @@ HARMLESS = (
         r"|\twhile inferring)",
         ends=r"^\twhile inferring type of node ",
     ),
+    Harmless(
+        r"Local rendezvous is aborting with status: ABORTED: Cleanup -?\d+",
+        "a worker's tensor exchanges for a step already finished, torn down as its server stops after the chief "
+        "ended the run (timing-dependent, seen on a healthy 4-task run's last line); a failure's abort names "
+        "another status, and the chief's error line says what failed",
+    ),
 )
 MESSAGE_LINES_MAX = 40  # a multi-line message whose end does not come within this many lines is shown after all
 
