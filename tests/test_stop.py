@@ -105,8 +105,8 @@ def test_stop_lands_after_the_step_in_progress_not_after_the_window(
     original_interrupt = AsyncUpdate.interrupt
 
     def recorded_interrupt(self):
+        original_interrupt(self)  # the flag first: a step read before it counted the updates between the two
         halted_at.append(int(self.global_step.numpy()))
-        original_interrupt(self)
 
     monkeypatch.setattr(AsyncUpdate, "interrupt", recorded_interrupt)
     config = make_config(
