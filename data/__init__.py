@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from data.schema import DataError, DenseSchema, ImageSchema, Preprocess, RecordInfo
+from data.schema import DataError, DenseSchema, Feature, FeatureSchema, ImageSchema, Preprocess, RecordInfo
 
 if TYPE_CHECKING:
     from data.cache import AUTO_CACHE_BYTES, DecodedRecords, estimated_bytes
@@ -50,6 +50,8 @@ __all__ = [
     "BadRecords",
     "DataError",
     "DenseSchema",
+    "Feature",
+    "FeatureSchema",
     "ImageSchema",
     "RecordInfo",
     "Stream",

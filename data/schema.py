@@ -94,16 +94,89 @@ class Preprocess:
             raise DataError(f"std {self.std} must be positive")
 
 
+_FEATURE_DTYPES = ("int64", "float32", "string")
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """One key of a task's tf.train.Examples (`tasks.Task.features`).
+
+    Attributes:
+        dtype: "int64", "float32" or "string" (bytes).
+        shape: The shape of one example's value when it has a fixed length; () is a scalar.
+        max_length: > 0 makes it a variable-length list of up to this many values (shape must be ()): padded
+            with `pad` to a length from `buckets`, its true length in the batch as `<key>_length`. A longer
+            record fails the run, naming the feature and the file.
+        pad: The value padding positions hold.
+        buckets: The padded lengths a batch may have, ascending, the last `max_length`: a batch is padded to
+            the smallest that holds its longest example, so at most len(buckets) shapes are ever traced.
+            Empty: powers of two from 8, then `max_length`.
+    """
+
+    dtype: str
+    shape: tuple[int, ...] = ()
+    max_length: int = 0
+    pad: float = 0
+    buckets: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _FEATURE_DTYPES:
+            raise DataError(f"feature dtype {self.dtype!r} must be one of {', '.join(_FEATURE_DTYPES)}")
+        shape = tuple(self.shape)
+        if not all(isinstance(d, numbers.Integral) and d > 0 for d in shape):
+            raise DataError(f"feature shape {self.shape!r} must be positive ints")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if self.max_length < 0 or (self.max_length and shape):
+            raise DataError(f"a variable-length feature (max_length {self.max_length}) has shape (), not {shape}")
+        buckets = tuple(int(b) for b in self.buckets) or _default_buckets(self.max_length)
+        if self.max_length and (list(buckets) != sorted(set(buckets)) or buckets[-1] != self.max_length):
+            raise DataError(f"buckets {buckets} must ascend and end at max_length {self.max_length}")
+        object.__setattr__(self, "buckets", buckets if self.max_length else ())
+
+    @property
+    def variable(self) -> bool:
+        """Whether the feature is a variable-length list (padded per batch)."""
+        return self.max_length > 0
+
+
+def _default_buckets(max_length: int) -> tuple[int, ...]:
+    if not max_length:
+        return ()
+    lengths, n = [], 8
+    while n < max_length:
+        lengths.append(n)
+        n *= 2
+    return (*lengths, max_length)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSchema:
+    """A task's records: its features by key (`tasks.Task.features`), and the task's name for messages."""
+
+    features: tuple[tuple[str, Feature], ...]
+    task: str = "task"
+
+    @classmethod
+    def of(cls, features: dict[str, Feature], task: str) -> FeatureSchema:
+        if not features or not all(isinstance(f, Feature) for f in features.values()):
+            raise DataError(f"task {task!r}: features() must return a non-empty {{key: data.Feature}} dict")
+        return cls(tuple(sorted(features.items())), task)
+
+    def as_dict(self) -> dict[str, Feature]:
+        return dict(self.features)
+
+
 @dataclasses.dataclass(frozen=True)
 class RecordInfo:
     """What `inspect_records` learned from the first record; the input of `make_dataset`.
 
     Attributes:
         schema: The schema, resolved (auto-detection fills in the kind).
-        example_shape: (H, W, C) for images (after image_size), (D,) for dense records.
+        example_shape: (H, W, C) for images (after image_size), (D,) for dense records, () for a task's
+            feature records.
         files: The sorted files that matched the pattern.
     """
 
-    schema: ImageSchema | DenseSchema
+    schema: ImageSchema | DenseSchema | FeatureSchema
     example_shape: tuple[int, ...]
     files: tuple[str, ...]
