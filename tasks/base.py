@@ -39,11 +39,16 @@ class Task:
 
     Attributes:
       name: Shown in the banner, `run.json` and error messages.
-      eval_metric: The eval metric HParams ranks runs by (a key of `metrics`, or "loss").
+      metric_names: The keys `metrics` returns, in the order logs show them.
+      eval_metric: The eval metric HParams ranks runs by (one of `metric_names`, or "loss").
+      records: How the engine reads the records: "features" (by `features()` and `preprocess`, the default) or
+        "classify" (the built-in image and vector pipeline, for `tasks.classify.Classify`).
     """
 
     name = "task"
+    metric_names: tuple[str, ...] = ()
     eval_metric = "loss"
+    records = "features"
 
     def __init__(self, config):
         self.config = config
@@ -99,6 +104,10 @@ class Task:
         first is `serving_default`. Default: none (the export holds only the weights' functions)."""
         del model
         return {}
+
+    def model_description(self, model: keras.Model) -> str:
+        """The banner's name for the model. Default: the Keras model's name."""
+        return model.name
 
     def describe(self) -> dict:
         """What `run.json` records about the task beyond its name (e.g. a corpus's sha256)."""

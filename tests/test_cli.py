@@ -102,13 +102,14 @@ def test_help_lists_our_flags_by_topic(arg):
     out = _run(arg).stdout
     assert out.startswith("usage: python -m trainer")
     headings = [line.split(":")[0] for line in out.splitlines()[1:] if re.match(r"^\w[\w ]*: ", line)]
-    expected = ["towers", "data", "augmentation", "model", "optimizer", "loop and outputs", "resume", "cluster"]
-    assert headings[:9] == [*expected, "runtime"]
+    expected = ["towers", "data", "augmentation", "task", "model", "optimizer", "loop and outputs", "resume"]
+    assert headings[:10] == [*expected, "cluster", "runtime"]
     towers = out[out.index("\ntowers:") : out.index("\ndata:")]
     optimizer = out[out.index("\noptimizer:") : out.index("\nloop and outputs:")]
     assert "--num_gpus=INT  (default: 1)" in towers and "--learning_rate=FLOAT  (default: 0.05)" in optimizer
     assert "--logtostderr" not in out and "--[no]export  (default: true)" in out
-    assert "--augment=" in out[out.index("\naugmentation:") : out.index("\nmodel:")]
+    assert "--augment=" in out[out.index("\naugmentation:") : out.index("\ntask:")]
+    assert "--lm_context=INT  (default: 64)" in out[out.index("\ntask:") : out.index("\nmodel:")]
 
 
 @pytest.mark.quick

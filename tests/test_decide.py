@@ -33,7 +33,7 @@ class _CountingModes(dict):
 @pytest.fixture
 def decisions(monkeypatch):
     """Counts the calls that decide: validations (every `resolve`, hence every `settle`), update-mode look-ups,
-    placements and data settings."""
+    placements, data settings and tasks made."""
     counts = collections.Counter()
 
     def counted(name, function):
@@ -43,12 +43,14 @@ def decisions(monkeypatch):
 
         return call
 
-    from trainer.loop import build as build_lib
+    import tasks
+    from trainer.loop import records
     from trainer.system import devices
 
     monkeypatch.setattr(resolve_lib, "validate", counted("settings", resolve_lib.validate))
     monkeypatch.setattr(devices, "place", counted("placement", devices.place))
-    monkeypatch.setattr(build_lib, "data_settings", counted("data settings", build_lib.data_settings))
+    monkeypatch.setattr(records, "data_settings", counted("data settings", records.data_settings))
+    monkeypatch.setattr(tasks, "make_task", counted("task", tasks.make_task))
     monkeypatch.setattr(modes, "MODES", _CountingModes(modes.MODES, counts))
     return counts
 
@@ -79,7 +81,7 @@ def test_train_decides_each_thing_once(make_config, decisions):
 
     metrics = train(make_config(model={"name": "mlp"}, loop={"train_steps": 2}))
     assert metrics["global_step"] == 2
-    assert dict(decisions) == {"settings": 1, "mode": 1, "placement": 1, "data settings": 1}
+    assert dict(decisions) == {"settings": 1, "mode": 1, "placement": 1, "data settings": 1, "task": 1}
 
 
 def test_build_takes_the_plan_without_settling_again(make_config, decisions):
@@ -90,7 +92,7 @@ def test_build_takes_the_plan_without_settling_again(make_config, decisions):
     try:
         assert trainer.plan is plan and trainer.config is plan.config
         assert (decisions["settings"], decisions["mode"]) == (1, 1)  # settle's, none by build
-        assert (decisions["placement"], decisions["data settings"]) == (1, 1)
+        assert (decisions["placement"], decisions["data settings"], decisions["task"]) == (1, 1, 1)
         assert trainer.placement.towers == ("/device:CPU:0", "/device:CPU:1")
         assert len(trainer.iterators) == 2  # the async mode's answer: one stream per tower, from the plan
     finally:
@@ -153,12 +155,14 @@ def test_the_map_names_where_each_decision_is_made_and_those_functions_exist():
         "the settings",
         "the update mode",
         "the task count",
+        "the task",
+        "how the task's records are read",
         "the data settings",
         "the placement",
         "what may change on resume",
     ]
-    named = re.findall(r"`((?:trainer|launch)/[\w/]+)\.py` `(\w+)`", table)
-    assert len(named) >= 6
+    named = re.findall(r"`((?:trainer|launch|tasks)/[\w/]+)\.py` `(\w+)`", table)
+    assert len(named) >= 8
     for path, function in named:  # read, not imported: importing trainer/__main__.py installs its signal handlers
         tree = ast.parse(pathlib.Path(ROOT, f"{path}.py").read_text())
         defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}

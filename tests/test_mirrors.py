@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tasks.classify import Classify
 from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
+from trainer.settings.config import RunConfig
 from trainer.step import mirrors, spread
 from trainer.step.sync import SyncUpdate
 from trainer.system import determinism
+
+CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 
 pytestmark = pytest.mark.quick
 
@@ -61,7 +65,7 @@ def _build(num_tasks: int, towers_per_task: int, placement_name: str, optimizer_
         micro_batches = tf.data.Dataset.from_tensor_slices((x[j::K], y[j::K])).batch(4, drop_remainder=True)
         streams.append(PlacedIterator(micro_batches.repeat().skip(skip), hosts[j * n // K]))
     return SyncUpdate(
-        model, optimizer, placement, K, step, streams, clip_global_norm=clip, make_optimizer=make_optimizer
+        CLASSIFY, model, optimizer, placement, K, step, streams, clip_global_norm=clip, make_optimizer=make_optimizer
     )
 
 

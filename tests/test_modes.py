@@ -178,6 +178,7 @@ def _field_types(result: StepResult) -> dict:
     types = {f.name: type(getattr(result, f.name)) for f in dataclasses.fields(result)}
     types["tower_step_sec"] = {type(v) for v in result.tower_step_sec}
     types["staleness"] = {type(v) for v in result.staleness}
+    types["metrics"] = {name: type(v) for name, v in result.metrics.items()}
     return types
 
 
@@ -201,12 +202,12 @@ def test_both_steppers_return_a_step_result_of_host_values(make_config, update_m
             "traced_steps": int,
             "traced_sec": float,
             "loss": float,
-            "accuracy": float,
+            "metrics": {"accuracy": float},
             "grad_norm": float,
             "learning_rate": float,
             "tower_step_sec": {float},
         }
-        assert len(result.tower_step_sec) == 2 and 0.0 <= result.accuracy <= 1.0
+        assert len(result.tower_step_sec) == 2 and 0.0 <= result.metrics["accuracy"] <= 1.0
         assert isinstance(updater.latest_loss, float)
         assert updater.examples_per_step * (1 if update_mode == "sync" else 2) == 64
         assert updater.train_steps(2).gradients is None

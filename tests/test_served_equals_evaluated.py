@@ -42,7 +42,9 @@ tf_flags.define_flags()
 flags.FLAGS(["eval", f"--flagfile={sys.argv[1]}/flags.txt"])
 trainer = build(tf_flags.config_from_flags(flags.FLAGS))
 assert trainer.checkpointer.restore_latest() is not None
-logits, labels = trainer.evaluator.predictions()
+import numpy as np
+outputs, batches = trainer.evaluator.predictions()
+logits, labels = np.concatenate(outputs), np.concatenate([labels for _, labels in batches])
 print(json.dumps({"logits": logits.tolist(), "labels": labels.tolist()}))
 """
 

@@ -8,13 +8,17 @@ import sys
 import keras
 import tensorflow as tf
 
+from tasks.classify import Classify
 from trainer.loop.build import build
 from trainer.loop.inputs import PlacedIterator
 from trainer.loop.run import train
 from trainer.outputs import report
+from trainer.settings.config import RunConfig
 from trainer.step import spread, traffic
 from trainer.step.sync import SyncUpdate
 from trainer.system import devices
+
+CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 
 STEPS = 6
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +178,7 @@ def _dense_step_traffic(placement_name: str) -> traffic.Traffic:
         step = tf.Variable(0, dtype=tf.int64)
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((4, 6)), tf.zeros((4,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, host) for _ in range(2)]  # one input stream per micro-batch
-    mode = SyncUpdate(model, optimizer, placement, 2, step, streams)
+    mode = SyncUpdate(CLASSIFY, model, optimizer, placement, 2, step, streams)
     graph = mode.step_graph()
     if placement.spread_over:  # what the hand count below assumes
         assert [v.value.device[-5:] for v in model.variables] == ["CPU:0", "CPU:1", "CPU:1", "CPU:1"]
@@ -186,19 +190,20 @@ def test_traffic_matches_a_hand_count():
     (192 B) + 8 int32 labels (32 B), read on the host as two micro-batches of 112 B."""
     gpu = _dense_step_traffic("gpu")
     # CPU:0 holds everything: it sends tower 1 the 212 B of values and gets back tower 1's 212 B of gradients
-    # plus its loss and accuracy count (4 B each).
-    assert gpu.sent == {"CPU:2": 224, "CPU:0": 212, "CPU:1": 212 + 8}
-    assert gpu.received == {"CPU:0": 112 + 212 + 8, "CPU:1": 112 + 212}
+    # plus its loss, weight, accuracy sum and accuracy count (4 B each).
+    assert gpu.sent == {"CPU:2": 224, "CPU:0": 212, "CPU:1": 212 + 16}
+    assert gpu.received == {"CPU:0": 112 + 212 + 16, "CPU:1": 112 + 212}
     assert gpu.unknown_edges == 0
     # Spread: CPU:0 owns the 6x5 kernel (120 B), CPU:1 the other three (92 B); greedy by bytes in order.
     # CPU:0 sends its kernel to tower 1 (120), tower 0's gradients of CPU:1's variables (92), and the learning
     # rate once for the three updates on CPU:1 (4: `trainer.step.fused` reads one copy per device). CPU:1 sends
-    # its values to tower 0 (92), tower 1's kernel gradient (120), loss and count (8), and its variables'
-    # squared norms for the global norm (3 x 4).
+    # its values to tower 0 (92), tower 1's kernel gradient (120), loss, weight, accuracy sum and count (16), and
+    # its variables' squared norms for the global norm (3 x 4). The global weight the gradients are divided by
+    # is summed on CPU:0 (the loss's device), beside tower 0's weight.
     spread_ = _dense_step_traffic("spread")
-    assert spread_.sent == {"CPU:2": 224, "CPU:0": 120 + 92 + 4, "CPU:1": 92 + 120 + 8 + 12}
-    assert spread_.received == {"CPU:0": 112 + 92 + 120 + 8 + 12, "CPU:1": 112 + 120 + 92 + 4}
-    assert spread_.busiest() == ("CPU:0", 344)
+    assert spread_.sent == {"CPU:2": 224, "CPU:0": 120 + 92 + 4 + 4, "CPU:1": 92 + 120 + 16 + 12}
+    assert spread_.received == {"CPU:0": 112 + 92 + 120 + 16 + 12, "CPU:1": 112 + 120 + 92 + 4 + 4}
+    assert spread_.busiest() == ("CPU:0", 352)
 
 
 def test_clipping_and_adamw_keep_the_bits(make_config, tmp_path):

@@ -6,11 +6,14 @@ import pytest
 import tensorflow as tf
 
 import models
+from tasks.classify import Classify
 from trainer.loop.inputs import PlacedIterator
-from trainer.settings.config import OptimizerConfig, TowerConfig
+from trainer.settings.config import OptimizerConfig, RunConfig, TowerConfig
 from trainer.step import optim
 from trainer.step.sync import SyncUpdate
 from trainer.system import determinism, devices
+
+CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 
 
 def _model_and_batch(name, seed=0):
@@ -57,7 +60,9 @@ def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
     step = tf.Variable(0, dtype=tf.int64)
     optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
     optimizer.build(model.trainable_variables)
-    update = SyncUpdate(model, optimizer, placement, micro_batches, step, _streams(features, labels, micro_batches))
+    update = SyncUpdate(
+        CLASSIFY, model, optimizer, placement, micro_batches, step, _streams(features, labels, micro_batches)
+    )
     before = [v.numpy() for v in model.trainable_variables]
     result = update.train_steps(1)
     plain_loss = _plain_sgd_step(reference, features, labels, 0.1, micro_batches)
@@ -89,7 +94,7 @@ def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
     optimizer.build(model.trainable_variables)
     features = rng.random((24, 8, 8, 1)).astype(np.float32)
     labels = rng.integers(0, 10, 24).astype(np.int32)
-    update = SyncUpdate(model, optimizer, placement, 3, step, _streams(features, labels, 3))
+    update = SyncUpdate(CLASSIFY, model, optimizer, placement, 3, step, _streams(features, labels, 3))
     kernel = model.get_layer("conv").kernel.numpy()
     update.train_steps(5)
     assert not np.array_equal(model.get_layer("conv").kernel.numpy(), kernel)  # training happened

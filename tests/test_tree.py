@@ -5,10 +5,14 @@ import keras
 import pytest
 import tensorflow as tf
 
+from tasks.classify import Classify
 from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
+from trainer.settings.config import RunConfig
 from trainer.step import spread, traffic, tree
 from trainer.step.sync import SyncUpdate
+
+CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 
 pytestmark = pytest.mark.quick
 
@@ -101,7 +105,7 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mi
     micro_batch = tf.data.Dataset.from_tensors((tf.zeros((2, 6)), tf.zeros((2,), tf.int32))).repeat()
     streams = [PlacedIterator(micro_batch, hosts[j]) for j in range(n)]  # read on its own task's CPU
     make_optimizer = (lambda: keras.optimizers.SGD(0.1)) if mirror else None
-    mode = SyncUpdate(model, optimizer, placement, n, step, streams, make_optimizer=make_optimizer)
+    mode = SyncUpdate(CLASSIFY, model, optimizer, placement, n, step, streams, make_optimizer=make_optimizer)
     graph = mode.step_graph()
     by_device = {traffic.short_device(d): f"task {i // towers_per_task}" for i, d in enumerate(towers)}
     return traffic.count(graph, towers[0], by_device.get, [it.device for it in streams])
@@ -110,23 +114,25 @@ def _between_tasks(num_tasks: int, towers_per_task: int, placement_name: str, mi
 @pytest.mark.parametrize("tasks, towers, losses", [(2, 2, 8), (2, 1, 0), (4, 1, 0)])
 def test_a_remote_task_gets_the_values_once_and_sends_one_partial_sum(tasks, towers, losses):
     """Variables on task 0: each other task receives the 212 B of values once, however many towers read
-    them, and sends back one partial gradient sum (212 B), its partial loss and accuracy count (4 B each) and
+    them, and sends back one partial gradient sum (212 B), its partial loss, weight, accuracy sum and accuracy
+    count (4 B each) and
     each micro-batch's loss (4 B, for naming the micro-batch a divergence starts in; with one micro-batch per
     task that loss is the partial sum itself, sent once)."""
     counted = _between_tasks(tasks, towers, "cpu")
     for t in range(1, tasks):
         assert counted.received[f"task {t}"] == MODEL_BYTES
-        assert counted.sent[f"task {t}"] == MODEL_BYTES + 8 + losses
+        assert counted.sent[f"task {t}"] == MODEL_BYTES + 16 + losses
     assert counted.sent["task 0"] == (tasks - 1) * MODEL_BYTES
     assert counted.unknown_edges == 0
 
 
 def test_an_unaligned_block_sends_a_partial_sum_per_subtree():
     """2 tasks x 3 towers (K = 6): each task's block is two subtrees, so task 1 sends two partial sums (3 and
-    4 + 5; micro-batch 3's loss is its own partial sum, 4's and 5's go on their own, 8 B)."""
+    4 + 5, each with its loss, weight and accuracy sums, 16 B; micro-batch 3's loss is its own partial sum, 4's
+    and 5's go on their own, 8 B)."""
     counted = _between_tasks(2, 3, "cpu")
     assert counted.received["task 1"] == MODEL_BYTES
-    assert counted.sent["task 1"] == 2 * (MODEL_BYTES + 8) + 8
+    assert counted.sent["task 1"] == 2 * (MODEL_BYTES + 16) + 8
 
 
 def test_spread_over_tasks_moves_each_variable_once_each_way():
@@ -151,14 +157,15 @@ def test_a_power_of_two_towers_per_task_is_one_partial_sum_per_task():
 @pytest.mark.parametrize("tasks, towers", [(2, 1), (2, 2), (3, 1), (4, 1)])
 def test_mirrored_variables_move_the_ring_bound(tasks, towers):
     """Spread with the large kernels mirrored (`trainer.step.mirrors`: at M = 4 the 20 B bias too): every task
-    moves 2(M-1)/M x the model's bytes each way, plus scalars (partial losses and counts, squared norms, the
-    global step each replica's optimizer reads for its learning rate), at most 56 B here. Owned whole, the
+    moves 2(M-1)/M x the model's bytes each way, plus scalars (partial loss, weight and accuracy sums and counts,
+    the global weight each task divides its mirrored gradients by, squared norms, the global step each replica's
+    optimizer reads for its learning rate), at most 80 B here. Owned whole, the
     owner of the 120 B kernel moves (M-1) x 120 B each way: at M = 4, 1.46 x the bound (464 B)."""
     bound = 2 * (tasks - 1) / tasks * MODEL_BYTES
     counted = _between_tasks(tasks, towers, "spread", mirror=True)
     for t in range(tasks):
-        assert bound <= counted.sent[f"task {t}"] <= bound + 56, (t, counted.sent, bound)
-        assert bound <= counted.received[f"task {t}"] <= bound + 56, (t, counted.received, bound)
+        assert bound <= counted.sent[f"task {t}"] <= bound + 80, (t, counted.sent, bound)
+        assert bound <= counted.received[f"task {t}"] <= bound + 80, (t, counted.received, bound)
     if tasks == 4:
         whole = _between_tasks(tasks, towers, "spread")
         assert max(whole.sent.values()) >= 1.45 * bound

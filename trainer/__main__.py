@@ -82,13 +82,14 @@ def _train(plan: modes.Plan, tasks) -> int:
     """Trains the settled `plan` as the only task or the chief; returns the exit code."""
     from data import DataError  # noqa: PLC0415
     from models import ModelError  # noqa: PLC0415
+    from tasks import TaskError  # noqa: PLC0415
     from trainer.loop.run import train  # noqa: PLC0415
     from trainer.outputs.checkpoint import CheckpointMismatch  # noqa: PLC0415
     from trainer.system import distributed  # noqa: PLC0415
 
     try:
         train(plan, cluster=tasks)
-    except (cfg.ConfigError, DataError, ModelError, CheckpointMismatch) as e:
+    except (cfg.ConfigError, DataError, ModelError, TaskError, CheckpointMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
     except stop.StopRequested:

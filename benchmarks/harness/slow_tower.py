@@ -33,17 +33,17 @@ def _slowed(inner, device: str, factor: float):
         time.sleep((factor - 1.0) * (time.perf_counter() - float(started)))
         return 0.0
 
-    def micro_batch(trainable, non_trainable, features, labels, loss_scale=None):
-        if not _same_device(tf.identity(labels).device, device):  # traced under another tower's scope
-            return inner(trainable, non_trainable, features, labels, loss_scale)
-        with tf.control_dependencies([features, labels]):
+    def micro_batch(trainable, non_trainable, batch, loss_scale=None):
+        leaves = tf.nest.flatten(batch)
+        if not _same_device(tf.identity(leaves[0]).device, device):  # traced under another tower's scope
+            return inner(trainable, non_trainable, batch, loss_scale)
+        with tf.control_dependencies(leaves):
             started = tf.py_function(time.perf_counter, [], tf.float64)
         with tf.control_dependencies([started]):
-            result = inner(trainable, non_trainable, features, labels, loss_scale)
+            result = inner(trainable, non_trainable, batch, loss_scale)
         with tf.control_dependencies([result.loss, *result.grads]):
             slept = tf.py_function(sleep, [started], tf.float32)
         with tf.control_dependencies([slept]):
-            return tw.MicroBatchResult(*tf.nest.map_structure(tf.identity, (
-                result.loss, result.correct, result.grads, result.non_trainable)))  # fmt: skip
+            return tw.MicroBatchResult(*tf.nest.map_structure(tf.identity, result.flat()))
 
     return micro_batch

@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 
 PLACEMENTS = ("gpu", "cpu", "spread")
 # Small inputs: the variables (what moves) barely depend on the image size; the input batch is 2 examples
@@ -58,6 +57,7 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
     and the host device."""
     import tensorflow as tf
 
+    from tasks.classify import Classify
     from trainer.loop.build import build_model_and_optimizer
     from trainer.settings import config as cfg
     from trainer.step.sync import SyncUpdate
@@ -72,16 +72,16 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
         ),
         model=cfg.ModelConfig(model),
     )
-    inputs = types.SimpleNamespace(train=types.SimpleNamespace(example_shape=EXAMPLE_SHAPES[model]))
-    inputs.num_classes = NUM_CLASSES
-    model_, optimizer, global_step = build_model_and_optimizer(config, placement, inputs)
+    task = Classify(config)
+    task.bind(EXAMPLE_SHAPES[model], NUM_CLASSES)
+    model_, optimizer, global_step = build_model_and_optimizer(config, placement, task)
     from trainer.loop.inputs import PlacedIterator
 
     dataset = tf.data.Dataset.from_tensors(
         (tf.zeros((per_micro_batch, *EXAMPLE_SHAPES[model])), tf.zeros((per_micro_batch,), tf.int32))
     ).repeat()
     iterators = [PlacedIterator(dataset, placement.host) for _ in range(num_towers)]  # one stream per micro-batch
-    step = SyncUpdate(model_, optimizer, placement, num_towers, global_step, iterators)
+    step = SyncUpdate(task, model_, optimizer, placement, num_towers, global_step, iterators)
     return step, model_.variables, placement.host
 
 

@@ -46,9 +46,9 @@ def _loops(towers: int, updates: int) -> dict:
         return tf.while_loop(lambda i, _: i < n, body, (0, tf.constant(0.0)), parallel_iterations=1)[1]
 
     def one_per_call():
-        loss, correct, grads, non_trainable, read_step = mode.compute_call(0)
+        loss, metrics, grads, non_trainable, read_step = mode.compute_call(0)
         m = mode.apply_call(loss, grads, non_trainable, read_step)
-        return bool(m["finite"]), int(m["step"]), float(loss), int(correct), float(m["grad_norm"])
+        return bool(m["finite"]), int(m["step"]), float(loss), float(metrics["accuracy"][0]), float(m["grad_norm"])
 
     def timed(run):
         start = time.perf_counter()

@@ -14,13 +14,14 @@ import keras
 import tensorflow as tf
 
 import data
-import models
+import tasks
 from trainer.loop.evaluate import Evaluator
-from trainer.loop.inputs import Inputs, eval_dataset_fn, resolve_inputs, train_iterators
+from trainer.loop.inputs import Inputs, eval_dataset_fn, train_iterators
+from trainer.loop.records import reader_for
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
-from trainer.settings.preprocess import DataSettings, data_settings
-from trainer.step import footprint, mirrors, modes, optim, spread
+from trainer.settings.preprocess import DataSettings
+from trainer.step import mirrors, modes, optim, spread
 from trainer.step.modes import Plan
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
@@ -38,6 +39,7 @@ class Trainer:
 
     plan: Plan
     placement: devices.Placement
+    task: tasks.Task
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     global_step: tf.Variable
@@ -46,6 +48,7 @@ class Trainer:
     evaluator: Evaluator
     checkpointer: Checkpointer
     inputs: Inputs | None = None
+    reader: object = None  # how the task's records are read (`trainer.loop.records`)
     bad_records: data.BadRecords | None = None  # `.count`: corrupt training records skipped so far
     data_settings: DataSettings | None = None  # augmentation, normalization and cache, resolved
 
@@ -55,7 +58,7 @@ class Trainer:
         return self.plan.config
 
 
-def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None) -> Trainer:
+def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, task: tasks.Task | None = None):
     """Builds devices, data, model, optimizer and update mode, without training.
 
     Args:
@@ -63,6 +66,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None) -
       train_dataset: replaces the TFRecord training input (e.g. the same data held in memory, for
         benchmarks). It must yield micro-batches: every input stream (one per micro-batch index in sync mode,
         one per tower in async mode) iterates it on its own.
+      task: the run's task, when the caller made it already (`trainer.loop.run.train`); else made here.
 
     Raises:
       ConfigError, data.DataError, models.ModelError: bad flags, data or model, with a message that says
@@ -74,17 +78,18 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None) -
     placement = devices.place(config.towers)
     determinism.configure(config.seed, config.deterministic)
     runtime.apply_grappler(config.runtime)  # after determinism's arithmetic_optimization
-    inputs = resolve_inputs(config.data)
-    # Every eval record once (CRCs, keys, labels; not the image decode, 8x slower): a bad eval file fails
-    # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
-    data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
+    task = task or tasks.make_task(config)
+    reader = reader_for(task, config)
+    inputs = reader.resolve()
+    reader.check_eval(inputs)  # a bad eval file fails now, not after training
     bad_records = data.BadRecords(config.data.max_bad_records)
-    settings = data_settings(config, inputs.train)
-    model, optimizer, global_step = build_model_and_optimizer(plan, placement, inputs)
-    footprint.check_batch_fits(model, config, inputs.train.example_shape)  # before the pipeline and the graph
-    iterators = train_iterators(plan, placement, inputs, train_dataset, bad_records, settings)
-    evaluator = _make_evaluator(config, model, placement, inputs, bad_records, settings)
-    updater = plan.mode.build(model, optimizer, placement, global_step, iterators, config)
+    settings = reader.data_settings(inputs)
+    model, optimizer, global_step = build_model_and_optimizer(plan, placement, task)
+    reader.check_fits(model, inputs)  # before the pipeline and the graph
+    iterators = train_iterators(plan, placement, reader, inputs, train_dataset, bad_records, settings)
+    make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
+    evaluator = Evaluator(task, model, placement, make_eval, explain=lambda e: bad_records.explain(e, False, log_line))
+    updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
     positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,
@@ -97,15 +102,10 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None) -
         **positions,
     )
     parts = (model, optimizer, global_step, iterators, updater, evaluator, checkpointer)
-    return Trainer(plan, placement, *parts, inputs, bad_records, settings)
+    return Trainer(plan, placement, task, *parts, inputs, reader, bad_records, settings)
 
 
-def _make_evaluator(config: RunConfig, model, placement: devices.Placement, inputs: Inputs, bad_records, settings):
-    make_dataset = eval_dataset_fn(config, inputs, bad_records, settings.preprocess)
-    return Evaluator(model, placement, make_dataset, explain=lambda e: bad_records.explain(e, False, log_line))
-
-
-def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placement, inputs: Inputs):
+def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placement, task: tasks.Task):
     """Model, optimizer (slots built; the update mode's, `UpdateMode.make_optimizer`) and global step on the
     parameter device; with `spread_over`, each model variable and its slots on its owner
     (`trainer.step.spread`), the step and learning rate on the first tower's device. `run` as in `build`."""
@@ -113,7 +113,7 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
     config = plan.config
     _set_precision(config.towers.mixed_precision)
     with tf.device(placement.parameter_device):
-        model = _build_placed_model(config, placement, inputs)
+        model = _build_placed_model(config, placement, task)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = plan.mode.make_optimizer(config, global_step)
         optimizer = optim.with_precision(optimizer, config.towers.mixed_precision)
@@ -121,10 +121,8 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
     return model, optimizer, global_step
 
 
-def _build_placed_model(config: RunConfig, placement: devices.Placement, inputs: Inputs):
-    def build_fn():
-        return models.build_model(config.model.name, inputs.train.example_shape, inputs.num_classes)
-
+def _build_placed_model(config: RunConfig, placement: devices.Placement, task: tasks.Task):
+    build_fn = task.build_model
     if not placement.spread_over:
         return build_fn()
     loss_scaled = optim.loss_scaled(config.towers.mixed_precision)

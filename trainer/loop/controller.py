@@ -224,7 +224,8 @@ class Loop:
         """Writes the train scalars of the steps since the previous log line, and one console line."""
         scalars = {**self.interval.scalars(), **self.extra_scalars()}
         self.summaries.scalars("train", step, scalars)
-        self.last_train = {("train_" + k if k in ("loss", "accuracy") else k): v for k, v in scalars.items()}
+        reported = ("loss", *self.interval.metrics)  # the task's figures: train_loss, train_accuracy, ...
+        self.last_train = {("train_" + k if k in reported else k): v for k, v in scalars.items()}
         rate = scalars.get("examples_per_sec")
         if rate is None:  # the first step of a start: its time is mostly graph tracing
             speed = f"first step {self.interval.seconds:.1f} s (includes graph tracing)"
@@ -233,10 +234,11 @@ class Loop:
             speed = f"{rate:,.0f} ex/s  eta {progress_lib.format_duration(eta)}"
             slow = self._slow_logged(scalars["tower_step_sec"])
             speed += f"  ({slow})" if slow else ""
+        figures = "".join(f"  {name} {_figure(scalars[name])}" for name in self.interval.metrics)
         self.interval.reset()
         self._clear_progress()
         self.log(
-            f"step {step:>7d}/{self.config.train_steps}  loss {scalars['loss']:.4f}  "
+            f"step {step:>7d}/{self.config.train_steps}  loss {scalars['loss']:.4f}{figures}  "
             f"lr {scalars['learning_rate']:.3g}  {speed}"
         )
 
@@ -249,13 +251,17 @@ class Loop:
         if values is None:
             self._stop_if_requested(step)
         self._clear_progress()
-        self.summaries.scalars("eval", step, {"loss": values["eval_loss"], "accuracy": values["eval_accuracy"]})
+        figures = {k[len("eval_") :]: v for k, v in values.items() if k != "eval_examples"}
+        self.summaries.scalars("eval", step, {k: v for k, v in figures.items() if v is not None})
         self.last_eval = {**values, "step": step}
-        self.log(
-            f"eval at step {step}: loss {values['eval_loss']:.4f}  accuracy {values['eval_accuracy']:.4f}  "
-            f"({values['eval_examples']} examples)"
-        )
+        shown = "  ".join(f"{name} {_figure(value)}" for name, value in figures.items())
+        self.log(f"eval at step {step}: {shown}  ({values['eval_examples']} examples)")
 
     def _clear_progress(self) -> None:
         if self.progress is not None:
             self.progress.clear()
+
+
+def _figure(value) -> str:
+    """A metric as the log lines show it: 4 decimals, or n/a when nothing was counted."""
+    return "n/a" if value is None else f"{value:.4f}"

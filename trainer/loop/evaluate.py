@@ -1,10 +1,11 @@
-"""Evaluation: loss and accuracy over the whole eval set, the batch split across the towers."""
+"""Evaluation: the task's loss and metrics over the whole eval set, each batch split across the towers."""
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
+from trainer.step import towers as tw
 from trainer.step import tree
 from trainer.system.devices import Placement
 
@@ -13,17 +14,21 @@ class Evaluator:
     """Runs the model in inference mode over every eval example once.
 
     Each batch is split into N near-equal parts (the last batch may be short, so the parts may differ by one
-    example); tower i scores part i; sums are reduced on the parameter device in tower order.
+    example); tower i scores part i; the task's sums are reduced on the parameter device in tower order, and
+    divided once at the end: the loss by the total weight (every real token or example once), each metric's
+    sum by its count.
 
     Args:
-      model: the Keras model (logits out).
+      task: the run's `tasks.Task` (its loss, metrics and `eval_metrics`).
+      model: its Keras model.
       placement: tower and parameter devices.
-      make_dataset: () -> finite dataset of (features, labels).
+      make_dataset: () -> finite dataset of batches.
       explain: error -> the exception to raise instead (e.g. a `data.DataError` naming a bad eval record), or
         None to raise the error itself; called when evaluating raises a `tf.errors.OpError`.
     """
 
-    def __init__(self, model, placement: Placement, make_dataset, explain=None):
+    def __init__(self, task, model, placement: Placement, make_dataset, explain=None):
+        self.task = task
         self.model = model
         self.placement = placement
         self.make_dataset = make_dataset
@@ -31,8 +36,9 @@ class Evaluator:
         self._eval_fn = tf.function(self._batch_sums)
 
     def evaluate(self, should_stop=None) -> dict | None:
-        """Returns {"eval_loss", "eval_accuracy", "eval_examples"} as Python numbers, or None when
-        `should_stop()` turned true between two batches (a stop request does not wait for a long eval).
+        """Returns {"eval_loss", "eval_<metric>" for each of the task's metrics, "eval_examples", and what the
+        task's `eval_metrics` adds} as Python numbers, or None when `should_stop()` turned true between two
+        batches (a stop request does not wait for a long eval).
 
         Raises:
           What `explain` makes of a `tf.errors.OpError` (the eval data's own failures surface here).
@@ -46,55 +52,63 @@ class Evaluator:
             raise explained from e
 
     def _evaluate(self, should_stop) -> dict | None:
-        loss_sum, correct, count = 0.0, 0, 0
-        for features, labels in self.make_dataset():
+        totals, count = None, 0
+        for batch in self.make_dataset():
             if should_stop is not None and should_stop():
                 return None
-            batch_loss, batch_correct = self._eval_fn(features, labels)
-            loss_sum += float(batch_loss)
-            correct += int(batch_correct)
-            count += int(labels.shape[0])
+            sums = tf.nest.map_structure(float, self._eval_fn(batch))
+            totals = sums if totals is None else tf.nest.map_structure(lambda a, b: a + b, totals, sums)
+            count += tw.batch_size(batch)
         if count == 0:
             raise ValueError("the eval data holds no examples")
-        return {"eval_loss": loss_sum / count, "eval_accuracy": correct / count, "eval_examples": count}
+        (loss, weight), metrics = totals
+        values = {"loss": loss / weight if weight else None, **tw.metric_values(metrics)}
+        values.update(self.task.eval_metrics(values))
+        return {**{f"eval_{name}": value for name, value in values.items()}, "eval_examples": count}
 
-    def predictions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(logits float32 [N, classes], labels int32 [N]) of every eval example, in the eval data's order: the
-        logits `evaluate` scores (the same towers, split and graph; its prediction is their argmax). For
-        checking what serves against what was evaluated."""
-        logits_fn = tf.function(self._batch_logits)
-        logits, labels = [], []
-        for features, batch_labels in self.make_dataset():
-            logits.append(logits_fn(features, batch_labels).numpy())
-            labels.append(batch_labels.numpy())
-        return np.concatenate(logits), np.concatenate(labels)
+    def predictions(self) -> tuple[list, list]:
+        """The model's outputs (float32) and the batches of every eval batch, as numpy nests, in the eval data's
+        order: the outputs `evaluate` scores (the same towers, split and graph). For checking what serves
+        against what was evaluated."""
+        outputs_fn = tf.function(self._batch_outputs)
+        outputs, batches = [], []
+        for batch in self.make_dataset():
+            outputs.append(tf.nest.map_structure(np.asarray, outputs_fn(batch)))
+            batches.append(tf.nest.map_structure(np.asarray, batch))
+        return outputs, batches
 
-    def _batch_sums(self, features, labels):
-        losses, corrects = [], []
-        for device, logits, y in self._tower_logits(features, labels):
+    def _batch_sums(self, batch):
+        """((loss sum, weight), {name: (sum, count)}) of one batch, reduced in tower order."""
+        losses, weights, metrics = [], [], []
+        for device, outputs, part in self._tower_outputs(batch):
             with tf.device(device):
-                per_example = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-                losses.append(tf.reduce_sum(per_example))
-                hits = tf.equal(tf.argmax(logits, axis=-1, output_type=y.dtype), y)
-                corrects.append(tf.reduce_sum(tf.cast(hits, tf.int32)))
+                loss, weight = tw.weighted_sums(self.task, outputs, part)
+                losses.append(loss)
+                weights.append(weight)
+                metrics.append(tw.task_metrics(self.task, outputs, part))
         with tf.device(self.placement.parameter_device):
-            return tree.tree_sum(losses), tree.tree_sum(corrects)
+            sums = {
+                name: (tree.tree_sum([m[name][0] for m in metrics]), tree.tree_sum([m[name][1] for m in metrics]))
+                for name in self.task.metric_names
+            }
+            return (tree.tree_sum(losses), tree.tree_sum(weights)), sums
 
-    def _batch_logits(self, features, labels):
-        parts = [logits for _, logits, _ in self._tower_logits(features, labels)]
+    def _batch_outputs(self, batch):
+        parts = [outputs for _, outputs, _ in self._tower_outputs(batch)]
         with tf.device(self.placement.host):
-            return tf.concat(parts, axis=0)
+            return tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *parts)
 
-    def _tower_logits(self, features, labels) -> list[tuple[str, tf.Tensor, tf.Tensor]]:
-        """(tower, logits float32, labels) of each tower's part of the batch: part i on tower i, in tower order."""
+    def _tower_outputs(self, batch) -> list[tuple[str, object, object]]:
+        """(tower, outputs float32, its part of the batch) of each tower: part i on tower i, in tower order."""
         num_towers = len(self.placement.towers)
         with tf.device(self.placement.host):
-            size = tf.shape(labels)[0]
+            size = tf.shape(tf.nest.flatten(batch)[0])[0]
             sizes = size // num_towers + tf.cast(tf.range(num_towers) < size % num_towers, tf.int32)
-            feature_parts = tf.split(features, sizes, num=num_towers)
-            label_parts = tf.split(labels, sizes, num=num_towers)
+            pieces = [tf.split(x, sizes, num=num_towers) for x in tf.nest.flatten(batch)]
         parts = []
-        for device, x, y in zip(self.placement.towers, feature_parts, label_parts, strict=True):
+        for i, device in enumerate(self.placement.towers):
+            part = tf.nest.pack_sequence_as(batch, [p[i] for p in pieces])
             with tf.device(device):
-                parts.append((device, tf.cast(self.model(x, training=False), tf.float32), y))
+                outputs = self.model(self.task.model_inputs(part), training=False)
+                parts.append((device, tf.nest.map_structure(tw.float32, outputs), part))
         return parts

@@ -15,13 +15,11 @@ Nothing here decides anything: which tower reads each stream is the update mode'
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import tensorflow as tf
 
 import data
 from trainer.settings.config import DataConfig, RunConfig
-from trainer.settings.preprocess import DataSettings
 from trainer.step.modes import Plan
 from trainer.system.devices import Placement
 
@@ -68,21 +66,20 @@ def _schema(config: DataConfig):
 class PlacedIterator:
     """An input stream made on `device` (possibly another machine's CPU), resumable from a tiny position.
 
-    `make_dataset(position)` builds the stream from an (epoch, record) position, yielding (features, labels,
-    position after the batch) (`data.training_dataset(resume_from=...)`); a plain `tf.data.Dataset` may stand
-    in for it. The step that consumes a batch stores
-    its position in `position`, a variable on the stream's device that the checkpoint saves (only it, not
-    the iterator): 16 bytes per stream instead of the tf.data iterator's state, whose shuffle buffer is
-    ~1 GB for ImageNet records.
-    After a restore, `restart()` rebuilds the stream at the restored position; it resumes exactly.
+    `make_dataset(position)` builds the stream from an (epoch, record) position, yielding (batch, position
+    after the batch) (`trainer.loop.records`); a plain `tf.data.Dataset` of batches may stand in for it. The
+    step that consumes a batch stores its position in `position`, a variable on the stream's device that the
+    checkpoint saves (only it, not the iterator): 16 bytes per stream instead of the tf.data iterator's state,
+    whose shuffle buffer is ~1 GB for ImageNet records. After a restore, `restart()` rebuilds the stream at the
+    restored position; it resumes exactly.
 
-    A dataset without positions (benchmarks' in-memory data) yields (features, labels); it restarts from
-    its beginning.
+    A dataset without positions (benchmarks' in-memory data) yields batches; it restarts from its beginning.
     """
 
     def __init__(self, make_dataset, device: str):
         self.device = device
-        if isinstance(make_dataset, tf.data.Dataset):  # a fixed dataset: restarts from its beginning
+        self._positioned = not isinstance(make_dataset, tf.data.Dataset)
+        if not self._positioned:  # a fixed dataset: restarts from its beginning
             dataset = make_dataset
             make_dataset = lambda position: dataset  # noqa: E731
         self._make_dataset = make_dataset
@@ -95,15 +92,17 @@ class PlacedIterator:
         position = tuple(int(v) for v in self.position.numpy())
         with tf.device(self.device):
             self.iterator = iter(self._make_dataset(position))
-        self.element_spec = self.iterator.element_spec
+        spec = self.iterator.element_spec
+        self.element_spec = spec[0] if self._positioned else spec  # of one batch
 
-    def take(self, iterator) -> tuple:
-        """The next (features, labels) of `iterator` (this stream's, passed into a `tf.function`), recording
-        the position after them; call under `tf.device(self.device)`."""
+    def take(self, iterator):
+        """The next batch of `iterator` (this stream's, passed into a `tf.function`), recording the position
+        after it; call under `tf.device(self.device)`."""
         element = next(iterator)
-        if len(element) == 3:
-            self.position.assign(element[2])
-        return element[0], element[1]
+        if not self._positioned:
+            return element
+        self.position.assign(element[1])
+        return element[0]
 
     def __next__(self):
         with tf.device(self.device):
@@ -113,18 +112,12 @@ class PlacedIterator:
         return self
 
 
-def train_iterators(
-    plan: Plan,
-    placement: Placement,
-    inputs: Inputs,
-    train_dataset,
-    bad_records: data.BadRecords,
-    settings: DataSettings,
-) -> list:
+def train_iterators(plan: Plan, placement: Placement, reader, inputs: Inputs, train_dataset, bad_records, settings):
     """Sync: K streams of micro-batches, stream j on the host of micro-batch j's tower. Async: one stream per
     tower, on its host. Every stream reads its own share of the files, so no example is read twice per epoch.
 
-    `train_dataset` (benchmarks) replaces the records: it must yield micro-batches and is iterated per stream.
+    `reader` reads the task's records (`trainer.loop.records`). `train_dataset` (benchmarks) replaces the
+    records: it must yield micro-batches and is iterated per stream.
     """
     config = plan.config
     t = config.towers
@@ -134,34 +127,27 @@ def train_iterators(
         return [PlacedIterator(train_dataset, host) for host in hosts]
     iterators = []
     for j, host in enumerate(hosts):
-        share = dict(worker_index=j, num_workers=len(hosts), num_classes=inputs.num_classes, bad_records=bad_records)
-        decoded = None
-        if settings.cache:  # decoded once, on the stream's host, and kept across the stream's rebuilds
-            with tf.device(host):
-                decoded = data.decode_share(inputs.train, **share)
+        share = dict(worker_index=j, num_workers=len(hosts), bad_records=bad_records)
+        with tf.device(host):  # decoded once (--cache), on the stream's host, and kept across its rebuilds
+            decoded = reader.decode_share(inputs, settings, share)
         stream = data.Stream(
             batch_size=t.micro_batch_size,
             seed=config.seed,
             shuffle_buffer=max(1, config.data.shuffle_buffer // len(hosts)),
-            preprocess=settings.preprocess,
             **share,
+            **reader.stream_settings(inputs, settings),
         )
-        make = functools.partial(data.training_dataset, inputs.train, stream, cache=decoded)
-        iterators.append(PlacedIterator(_resuming(make), host))
+        iterators.append(PlacedIterator(reader.stream(inputs, stream, decoded), host))
     return iterators
 
 
-def _resuming(make_dataset):
-    return lambda position: make_dataset(resume_from=position)
-
-
-def eval_dataset_fn(config: RunConfig, inputs: Inputs, bad_records: data.BadRecords, preprocess: data.Preprocess):
-    """() -> the eval dataset: every eval record once, in order, in batches of --eval_batch_size, through
-    `preprocess` (the training run's; for imagenet the center crop; never random)."""
+def eval_dataset_fn(config: RunConfig, reader, inputs: Inputs, bad_records: data.BadRecords, settings):
+    """() -> the eval dataset: every eval record once, in order, in batches of --eval_batch_size, read by
+    `reader` (for images through the run's preprocessing: for imagenet the center crop; never random)."""
     eval_batch = config.data.eval_batch_size or config.towers.global_batch_size
+    extra = reader.stream_settings(inputs, settings)
 
     def make_dataset():
-        stream = data.Stream(eval_batch, num_classes=inputs.num_classes, bad_records=bad_records, preprocess=preprocess)
-        return data.eval_dataset(inputs.eval, stream)
+        return reader.eval_dataset(inputs, data.Stream(eval_batch, bad_records=bad_records, **extra))
 
     return make_dataset

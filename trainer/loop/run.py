@@ -13,13 +13,14 @@ import time
 
 import tensorflow as tf
 
+import tasks as tasks_lib
 from launch import cluster as cluster_lib
 from trainer.loop.build import build, log_line
 from trainer.loop.controller import Loop
 from trainer.outputs import attempts as attempts_lib
 from trainer.outputs import banner, report, rundir
 from trainer.outputs.event_files import purge_events
-from trainer.outputs.export import Serving, export_saved_model
+from trainer.outputs.export import export_saved_model
 from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
 from trainer.step import modes, towers
@@ -49,12 +50,13 @@ def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None,
     config = plan.config
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
-        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line)
+        task = tasks_lib.make_task(config)
+        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line, task_facts=task.describe())
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
         job = cluster_lib.slurm_job(os.environ)
         try:
-            return _train_attempt(plan, stop, attempts, job, cluster)
+            return _train_attempt(plan, task, stop, attempts, job, cluster)
         except stop_lib.StopRequested as e:
             log_line(str(e))
             line = attempts_lib.after_stop(attempts, e, job, config.loop.max_requeues, config.loop.train_steps)
@@ -71,12 +73,12 @@ def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None,
             raise
 
 
-def _train_attempt(plan: modes.Plan, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
+def _train_attempt(plan: modes.Plan, task, stop, attempts: attempts_lib.AttemptLog, job, cluster) -> dict:
     """One attempt: build, resume, train, evaluate, export, write metrics.json; with several tasks, a watch
     of the workers ends the process (75) when one is lost, and one of the steps when they stop finishing."""
     _raise_if_stopped(stop, "before the model was built")
     if cluster is None or cluster.num_tasks == 1:
-        return _build_and_train(plan, stop, attempts, job, stall_watch=None)
+        return _build_and_train(plan, task, stop, attempts, job, stall_watch=None)
     workers = dict(enumerate(cluster.workers))
     del workers[0]
     describe = functools.partial(distributed.describe_task, cluster)
@@ -91,13 +93,13 @@ def _train_attempt(plan: modes.Plan, stop, attempts: attempts_lib.AttemptLog, jo
             on_lost=lost,
             silent=watch.silent,
         )
-        return _build_and_train(plan, stop, attempts, job, stall_watch)
+        return _build_and_train(plan, task, stop, attempts, job, stall_watch)
 
 
-def _build_and_train(plan: modes.Plan, stop, attempts: attempts_lib.AttemptLog, job, stall_watch) -> dict:
+def _build_and_train(plan: modes.Plan, task, stop, attempts: attempts_lib.AttemptLog, job, stall_watch) -> dict:
     started = time.monotonic()
     config = plan.config
-    state = build(plan)
+    state = build(plan, task=task)
     _raise_if_stopped(stop, "before training started")
     restored = state.checkpointer.restore_latest()
     if restored:
@@ -137,7 +139,7 @@ def _export(config: RunConfig, state, step: int) -> str | None:
     if not config.loop.export:
         return None
     _require_finite(state.model, step, "exporting")
-    serving = Serving(state.inputs.train, state.inputs.num_classes, state.data_settings.preprocess)
+    serving = state.reader.serving(state.inputs, state.data_settings)
     export_saved_model(state.model, config, serving, step, log_line)  # None: kept an existing one
     return os.path.join(config.loop.model_dir, "export", str(step))
 
@@ -158,7 +160,8 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     makes the `trainer.system.stall.StallWatch` of the mode's finished steps."""
     placement = state.placement
     summaries = Summaries(config.loop.model_dir, [placement.tower_tag(i) for i in range(len(placement.towers))])
-    summaries.hparams(state.plan)
+    task = state.task  # HParams columns: the metric runs are ranked by first
+    summaries.hparams(state.plan, tuple(sorted(task.metric_names, key=lambda name: name != task.eval_metric)))
     trainable = state.model.trainable_variables
 
     def on_checkpoint(step: int) -> None:

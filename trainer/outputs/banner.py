@@ -25,14 +25,16 @@ def start_lines(config: RunConfig, state) -> list[str]:
     towers = ", ".join(placement.describe_tower(i) + f" ({d})" for i, d in enumerate(placement.towers))
     variables = "spread over the towers" if placement.spread_over else f"on {placement.parameter_device}"
     train, evaluation = state.inputs.train, state.inputs.eval
+    what, *more = state.reader.banner_lines(state.inputs, state.data_settings)
     return [
-        f"model      {config.model.name}: {params:,} trainable parameters, {size_mb:.2f} MB of variables "
+        f"task       {state.task.name}",
+        f"model      {state.task.model_description(state.model)}: {params:,} trainable parameters, "
+        f"{size_mb:.2f} MB of variables "
         f"{variables}; {t.mixed_precision or 'float32'}{', XLA' if t.jit_compile else ''}",
         f"towers     {t.total_towers} ({mode}): {towers}",
         f"batch      {t.global_batch_size} per step = {t.num_micro_batches} micro-batches of {t.micro_batch_size}",
-        f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; "
-        f"{_shape(train.example_shape)} examples, {state.inputs.num_classes} classes",
-        f"augment    {state.data_settings.describe(config.model.name)}",
+        f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; {what}",
+        *more,
         f"optimizer  {o.name}, learning rate {o.learning_rate:g} ({_schedule(config)})",
         f"model_dir  {config.loop.model_dir}, training to step {config.loop.train_steps}",
         *(f"warning: {warning}" for warning in cost_warnings(config)),
@@ -45,15 +47,17 @@ def end_lines(config: RunConfig, metrics: dict, seconds: float, export_dir: str 
     done = f"done: step {metrics['global_step']} in {format_duration(seconds)}"
     if metrics.get("examples_per_sec"):
         done += f" ({metrics['examples_per_sec']:,.0f} examples/s over the run)"
-    if metrics.get("eval_accuracy") is not None:
-        done += (
-            f"; eval accuracy {metrics['eval_accuracy']:.4f}, loss {metrics['eval_loss']:.4f} "
-            f"({metrics['eval_examples']} examples)"
-        )
+    if metrics.get("eval_loss") is not None:
+        figures = [f"{k[len('eval_') :]} {v:.4f}" for k, v in metrics.items() if _eval_figure(k, v)]
+        done += f"; eval {', '.join(figures)} ({metrics['eval_examples']} examples)"
     outputs = f"outputs: {os.path.join(model_dir, 'metrics.json')}"
     if export_dir:
         outputs += f", SavedModel {export_dir}"
     return [done, outputs + f"; TensorBoard: tensorboard --logdir={model_dir}"]
+
+
+def _eval_figure(key: str, value) -> bool:
+    return key.startswith("eval_") and key != "eval_examples" and isinstance(value, float)
 
 
 def _files(files) -> str:

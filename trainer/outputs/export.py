@@ -1,14 +1,9 @@
 """The serving export: `model_dir/export/<global_step>/`, a SavedModel whose signatures state their input.
 
-TF Serving's layout (one numbered directory per version under `--model_base_path=model_dir/export`). Each
-signature does in-graph what the eval input pipeline does, with the run's own resolved preprocessing (the
-`data.Preprocess` object eval uses: `trainer.settings.preprocess.DataSettings`), so a client never has to
-guess: `serving_default` decodes encoded images (`data.serving_images`); `predict_uint8` takes images decoded
-at (H, W), `predict_float` the same divided by 255 (`data.decoded_images`). Each then does what eval does
-after its decoder, with eval's own loader: the central 87.5% crop under --augment=imagenet, bilinear resizing
-to (H, W) (the identity for an (H, W) image without a crop), / 255, --normalize. Every signature returns
-`logits`, `probabilities` (softmax) and `classes` (argmax, int64), float32 even under mixed precision.
-`assets.extra/towerflow_serving.json` records the same contract as data.
+TF Serving's layout (one numbered directory per version under `--model_base_path=model_dir/export`). What the
+signatures are is the task's (a `Serving`: `trainer.outputs.serving_classify` for images and vectors,
+`TaskServing` for a task's own `serving`); `assets.extra/towerflow_serving.json` records the same contract as
+data.
 
 An existing `export/<step>/` is never overwritten (a rerun of a finished run keeps it); a new version is
 written into a hidden sibling and renamed into place, so a kill mid-export leaves no numbered directory.
@@ -16,40 +11,64 @@ written into a hidden sibling and renamed into place, so a kill mid-export leave
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
+from typing import Protocol
 
 import keras
-import tensorflow as tf
 
-import data
-from data.augment import EVAL_CROP_FRACTION
 from trainer.settings.config import RunConfig
 
 SERVING_FILE = os.path.join("assets.extra", "towerflow_serving.json")
-OUTPUT_NAMES = ("logits", "probabilities", "classes")
 _PARTIAL_PREFIX = ".partial-"  # TF Serving only loads all-digit directory names
 
 
-@dataclasses.dataclass(frozen=True)
-class Serving:
-    """What the signatures take: the training records' schema and example shape, the number of classes, and the
-    preprocessing eval applies (the same object)."""
+class Serving(Protocol):
+    """What a run exports: its signatures, and their contract as data."""
 
-    train: data.RecordInfo
-    num_classes: int
-    preprocess: data.Preprocess
+    def archive(self, model: keras.Model) -> keras.export.ExportArchive:
+        """An ExportArchive tracking `model`, one endpoint per signature (the first also serving_default)."""
+
+    def signature_names(self) -> list[str]: ...
+
+    def contract(self, config: RunConfig, step: int) -> dict:
+        """What `assets.extra/towerflow_serving.json` says."""
 
 
-def export_saved_model(model: keras.Model, config: RunConfig, inputs: Serving, step: int, log) -> str | None:
+class TaskServing:
+    """A task's own signatures (`tasks.Task.serving`) and `describe()`, for the tasks that read their own
+    records."""
+
+    def __init__(self, task):
+        self.task = task
+        self._names: list[str] = []
+
+    def archive(self, model: keras.Model) -> keras.export.ExportArchive:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        endpoints = self.task.serving(model)
+        if not endpoints:
+            raise ValueError(f"task {self.task.name!r}: serving() returned no signature to export")
+        for name, (function, specs) in endpoints.items():
+            archive.add_endpoint(name, function, list(specs))
+        self._names = list(endpoints)
+        return archive
+
+    def signature_names(self) -> list[str]:
+        return ["serving_default", *self._names] if "serving_default" not in self._names else self._names
+
+    def contract(self, config: RunConfig, step: int) -> dict:
+        return {"task": self.task.name, "global_step": step, "signatures": self._names, **self.task.describe()}
+
+
+def export_saved_model(model: keras.Model, config: RunConfig, serving: Serving, step: int, log) -> str | None:
     """Writes `model` to `config.loop.model_dir/export/<step>/` unless that version exists.
 
     Args:
       model: the trained logits model (its variables may live on several devices).
       config: the run (model name, mixed precision, model_dir).
-      inputs: the records' schema and shape (they define the signatures) and eval's preprocessing.
+      serving: the signatures and their contract.
       step: the global step, the version directory's name.
       log: `log(line)` for one line saying what happened.
 
@@ -65,13 +84,13 @@ def export_saved_model(model: keras.Model, config: RunConfig, inputs: Serving, s
     _remove_partial(base, log)  # left by a killed export; the run lock says no one else is writing
     partial = os.path.join(base, f"{_PARTIAL_PREFIX}{step}-{os.getpid()}")
     try:
-        _archive(model, inputs).write_out(partial, verbose=False)
-        _write_contract(partial, contract(config, inputs, step))
+        serving.archive(model).write_out(partial, verbose=False)
+        _write_contract(partial, serving.contract(config, step))
         os.rename(partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    log(f"exported to export/{step} (signatures: {', '.join(_signature_names(inputs))})")
+    log(f"exported to export/{step} (signatures: {', '.join(serving.signature_names())})")
     if os.path.exists(os.path.join(base, "saved_model.pb")):
         log("export/saved_model.pb is an export of the old layout (before export/<step>/); TF Serving ignores it")
     return target
@@ -82,138 +101,6 @@ def _remove_partial(base: str, log) -> None:
         if name.startswith(_PARTIAL_PREFIX):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
             log(f"export: removed {name}, an export that did not finish")
-
-
-def _signature_names(inputs: Serving) -> list[str]:
-    if _is_dense(inputs):
-        return ["serving_default", "predict_float"]
-    return ["serving_default", "predict_uint8", "predict_float"]
-
-
-def _is_dense(inputs: Serving) -> bool:
-    return isinstance(inputs.train.schema, data.DenseSchema)
-
-
-def _archive(model: keras.Model, inputs: Serving) -> keras.export.ExportArchive:
-    """An ExportArchive holding `model` with one endpoint per signature (the first is also serving_default)."""
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    shape = inputs.train.example_shape
-
-    def outputs(features: tf.Tensor) -> dict:
-        logits = tf.cast(model(features, training=False), tf.float32)  # mixed precision computes in 16 bits
-        return {
-            "logits": logits,
-            "probabilities": tf.nn.softmax(logits, axis=-1),
-            "classes": tf.argmax(logits, axis=-1, output_type=tf.int64),
-        }
-
-    if _is_dense(inputs):  # dense records are float32 features as stored, unscaled (data.parse)
-        features = tf.TensorSpec([None, *shape], tf.float32, name="features")
-        archive.add_endpoint("predict_float", lambda features: outputs(features), [features])
-        return archive
-    images_float = tf.TensorSpec([None, *shape], tf.float32, name="images")
-    images_uint8 = tf.TensorSpec([None, *shape], tf.uint8, name="images")
-    image_bytes = tf.TensorSpec([None], tf.string, name="image_bytes")
-    decode = data.serving_images(inputs.train, inputs.preprocess)
-    from_uint8 = data.decoded_images(inputs.train, inputs.preprocess)
-    from_float = data.decoded_images(inputs.train, inputs.preprocess, scale=255.0)
-    archive.add_endpoint("serving_default", lambda image_bytes: outputs(decode(image_bytes)), [image_bytes])
-    archive.add_endpoint("predict_uint8", lambda images: outputs(from_uint8(images)), [images_uint8])
-    archive.add_endpoint("predict_float", lambda images: outputs(from_float(images)), [images_float])
-    return archive
-
-
-def contract(config: RunConfig, inputs: Serving, step: int) -> dict:
-    """What `assets.extra/towerflow_serving.json` says: each signature's input, the outputs, the labels."""
-    num_classes = inputs.num_classes
-    return {
-        "model": config.model.name,
-        "global_step": step,
-        "schema": "dense" if _is_dense(inputs) else "image",
-        "num_classes": num_classes,
-        "label_offset": inputs.train.schema.label_offset,
-        "labels": "class k is the records' label k + label_offset",
-        "mixed_precision": config.towers.mixed_precision or "none",
-        "preprocessing": _preprocessing(inputs.preprocess),
-        "signatures": _signature_inputs(inputs),
-        "outputs": {
-            "logits": {"dtype": "float32", "shape": [None, num_classes]},
-            "probabilities": {"dtype": "float32", "shape": [None, num_classes], "what": "softmax(logits)"},
-            "classes": {"dtype": "int64", "shape": [None], "what": "argmax(logits)"},
-        },
-    }
-
-
-def _signature_inputs(inputs: Serving) -> dict:
-    """signature name -> {input name -> dtype, shape, range, layout, what is done to it}: `_archive`, as data."""
-    shape = list(inputs.train.example_shape)
-    if _is_dense(inputs):
-        features = {"features": {"dtype": "float32", "shape": [None, *shape], "range": "as stored in the records"}}
-        return {"serving_default": features, "predict_float": features}
-    height, width, channels = shape
-    after = _eval_steps(inputs.preprocess, height, width, at_size=False)
-    at_size = _eval_steps(inputs.preprocess, height, width, at_size=True)
-    image_bytes = {
-        "dtype": "string",
-        "shape": [None],
-        "content": "encoded JPEG, PNG, BMP, GIF or WebP (first frame of an animation), any size",
-        "in_graph": f"decoded to {channels} channel(s), {after}",
-    }
-    images = {"shape": [None, *shape], "layout": "NHWC"}
-    return {
-        "serving_default": {"image_bytes": image_bytes},
-        "predict_uint8": {
-            "images": {
-                "dtype": "uint8",
-                **images,
-                "range": [0, 255],
-                "content": f"decoded pixels at {height}x{width}",
-                "in_graph": f"cast to float32, {at_size}",
-            }
-        },
-        "predict_float": {
-            "images": {
-                "dtype": "float32",
-                **images,
-                "range": [0.0, 1.0],
-                "scaling": "pixel / 255",
-                "content": f"decoded pixels at {height}x{width}, divided by 255",
-                "in_graph": f"multiplied by 255 (exact for pixel / 255), {at_size}",
-            }
-        },
-    }
-
-
-def _eval_steps(preprocess: data.Preprocess, height: int, width: int, at_size: bool) -> str:
-    """What an image signature does after its input is pixels in [0, 255], in words: eval's steps. at_size:
-    the input is at (H, W) already, where resizing without a crop is the identity."""
-    crop = f"the central {EVAL_CROP_FRACTION:.1%} of each side taken (eval's crop), " if _crops(preprocess) else ""
-    resize = f"resized bilinear to {height}x{width}" + (" (the identity)" if at_size and not crop else "")
-    norm = "normalized (x - mean) / std as `preprocessing` says" if preprocess.mean is not None else "not normalized"
-    return f"{crop}{resize}, scaled by 1/255, {norm}: what eval does to the records"
-
-
-def _crops(preprocess: data.Preprocess) -> bool:
-    return preprocess.augment == "imagenet"
-
-
-def _preprocessing(preprocess: data.Preprocess) -> dict:
-    """What every image signature applies after its input is pixels in [0, 255]: eval's, of this run."""
-    normalize = None
-    if preprocess.mean is not None:
-        normalize = {"mean": list(preprocess.mean), "std": list(preprocess.std), "what": "(x - mean) / std"}
-    steps = ["eval_crop"] if _crops(preprocess) else []
-    steps += ["resize_bilinear", "scale_1/255"] + (["normalize"] if normalize else [])
-    return {
-        "augment": preprocess.augment,
-        "eval_crop": _crops(preprocess),
-        "eval_crop_fraction": EVAL_CROP_FRACTION if _crops(preprocess) else None,
-        "normalize": normalize,
-        "steps": steps,
-        "applies_to": "every signature, after its input is read as pixels in [0, 255] at the model's (H, W) "
-        "(serving_default: decoded, any size)",
-    }
 
 
 def _write_contract(export_dir: str, contract_: dict) -> None:

@@ -4,7 +4,8 @@ The loop runs steps in windows cut by every cadence (log, eval, checkpoint, hist
 value must not depend on how the other cadences cut the steps, so `LogInterval` gathers every window between
 two log lines and each logged value is over exactly those steps:
 
-- `loss`, `accuracy`, `grad_global_norm`: means over the steps (each window weighted by its steps);
+- `loss`, the task's metrics (`accuracy`, ...), `grad_global_norm`: means over the steps (each window
+  weighted by its steps);
 - `examples_per_sec`: their examples over their seconds, by the one rule of `Throughput` (below), which the
   run's figure and `attempts.json` follow too;
 - `learning_rate`: the value at the logged step;
@@ -72,7 +73,7 @@ class LogInterval:
     steps: int = 0
     seconds: float = 0.0  # wall time of the windows
     loss: float = 0.0  # sums, weighted by steps
-    accuracy: float = 0.0
+    metrics: dict = dataclasses.field(default_factory=dict)  # the task's: name -> [sum weighted by steps, steps]
     grad_norm: float = 0.0
     learning_rate: float = 0.0
     rate: Rate = dataclasses.field(default_factory=Rate)  # what `Throughput.add` counted of the windows
@@ -83,7 +84,10 @@ class LogInterval:
         self.steps += steps
         self.seconds += seconds
         self.loss += values["loss"] * steps
-        self.accuracy += values["accuracy"] * steps
+        for name, value in values["metrics"].items():
+            total = self.metrics.setdefault(name, [0.0, 0])
+            if value is not None:  # None: nothing was counted (a window of padding)
+                total[0], total[1] = total[0] + value * steps, total[1] + steps
         self.grad_norm += values["grad_norm"] * steps
         self.learning_rate = values["learning_rate"]
         self.rate.add(counted)
@@ -99,7 +103,7 @@ class LogInterval:
         """The train scalars of the interval, by TensorBoard tag (`tower_step_sec` a per-tower list)."""
         values = {
             "loss": self.loss / self.steps,
-            "accuracy": self.accuracy / self.steps,
+            **{name: total / steps if steps else None for name, (total, steps) in self.metrics.items()},
             "learning_rate": self.learning_rate,
             "grad_global_norm": self.grad_norm / self.steps,
             "tower_step_sec": [sum(t) / len(self.tower_sec) for t in zip(*self.tower_sec, strict=True)],

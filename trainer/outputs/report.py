@@ -90,9 +90,10 @@ def final_metrics(state, results: dict, examples_per_sec: float | None, attempts
     metrics = {
         "global_step": results["global_step"],
         "train_loss": results.get("train_loss"),
-        "train_accuracy": results.get("train_accuracy"),
+        **{f"train_{name}": results.get(f"train_{name}") for name in state.task.metric_names},
         "eval_loss": results.get("eval_loss"),
-        "eval_accuracy": results.get("eval_accuracy"),
+        **{f"eval_{name}": results.get(f"eval_{name}") for name in state.task.metric_names},
+        **{k: v for k, v in results.items() if k.startswith("eval_")},  # and what the task's eval_metrics adds
         "eval_examples": results.get("eval_examples"),
         "examples_per_sec": examples_per_sec,  # over every attempt of the run
         "bad_records": state.bad_records.count if state.bad_records else 0,
@@ -104,6 +105,7 @@ def final_metrics(state, results: dict, examples_per_sec: float | None, attempts
         "global_batch_size": t.global_batch_size,
         "update_mode": t.update_mode,
         "deterministic": config.deterministic,
+        "task": state.task.name,
         "model": config.model.name,
         **state.data_settings.metrics(),  # what it trained on: augment, normalize, cache
         "placement": t.parameter_device,

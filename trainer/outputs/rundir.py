@@ -22,7 +22,7 @@ from trainer.settings import table
 from trainer.settings.config import ConfigError, Normalization, RunConfig, flatten
 from trainer.settings.flag import FIXED
 from trainer.settings.preprocess import resolve_augment
-from trainer.step import tree
+from trainer.step import towers, tree
 from trainer.step.modes import Plan, mode_for
 
 LOCK_FILE = ".lock"
@@ -31,12 +31,21 @@ RUN_FILE = "run.json"
 DERIVED = ("towers.num_tasks",)
 # Settings of the code, not of any flag, that decide the bits: the order the K micro-batch gradients are summed
 # in (`trainer.step.tree`), with how a refused resume names it.
-CODE = {"towers.gradient_order": tree.ORDER}
-CODE_NAMES = {"towers.gradient_order": "the order of the gradient sum (docs/determinism.md)"}
+CODE = {"towers.gradient_order": tree.ORDER, "towers.loss_reduction": towers.LOSS_REDUCTION}
+CODE_NAMES = {
+    "towers.gradient_order": "the order of the gradient sum (docs/determinism.md)",
+    "towers.loss_reduction": "how the loss is reduced over the global batch (docs/tasks.md)",
+}
 # What the runs before a setting existed did, where a run.json without it must not be read as today's default:
 # before --augment and --normalize (commit b1283dc) images were scaled to [0, 1] (/255) and nothing else, and
-# --augment=auto now augments resnet20 and resnet50; before towerflow 0.2 gradients were summed left to right.
-PREDATES = {"data.augment": "none", "data.normalize": "none", "towers.gradient_order": "chain"}
+# --augment=auto now augments resnet20 and resnet50; before towerflow 0.2 gradients were summed left to right;
+# before 0.5 each micro-batch's loss was its mean, and the gradient the mean of the K micro-batches' gradients.
+PREDATES = {
+    "data.augment": "none",
+    "data.normalize": "none",
+    "towers.gradient_order": "chain",
+    "towers.loss_reduction": "mean_of_micro_batch_means",
+}
 # Settings whose recorded value reproduces the run when given on the command line: a flags.txt written before
 # the setting existed does not hold it, so --flagfile alone would not.
 REPRODUCE = ("data.augment", "data.normalize")
@@ -118,11 +127,12 @@ def _resolved(settings: dict) -> dict:
 
 
 def _jsonable(value):
-    return list(value) if isinstance(value, tuple) else value
+    return [_jsonable(v) for v in value] if isinstance(value, tuple) else value
 
 
-def check_resume(plan: Plan, allow_changes: bool, log=print) -> None:
+def check_resume(plan: Plan, allow_changes: bool, log=print, task_facts: dict | None = None) -> None:
     """Refuses to resume a run whose defining settings `plan` changes; records them on a fresh start.
+    `task_facts` (the task's `describe()`, e.g. its corpus's sha256) define the run too, as `task.<key>`.
 
     Raises:
       RunDirError: listing each differing setting as `--flag: recorded -> now`, unless `allow_changes`.
@@ -130,7 +140,7 @@ def check_resume(plan: Plan, allow_changes: bool, log=print) -> None:
     config = plan.config
     model_dir = config.loop.model_dir
     path = os.path.join(model_dir, RUN_FILE)
-    current = defining_settings(plan)
+    current = {**defining_settings(plan), **{f"task.{k}": _jsonable(v) for k, v in (task_facts or {}).items()}}
     if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
         recorded = _recorded_settings(path)
         free = plan.mode.resume_may_change

@@ -105,12 +105,13 @@ class Summaries:
         with self.train.as_default(step=step):
             tf.summary.histogram("staleness", tf.constant(values, tf.float32))
 
-    def hparams(self, plan: Plan) -> None:
+    def hparams(self, plan: Plan, metric_names: tuple[str, ...] = ("accuracy",)) -> None:
         """Records, in `model_dir`, the experiment (hparam and metric columns), the settings of the run `plan`
-        settled (`run_hparams`) and the custom-scalars layout that charts every tower's step time together. Called
+        settled (`run_hparams`), the task's metrics (`metric_names`: eval's first, then train's, each beside its
+        loss) and the custom-scalars layout that charts every tower's step time together. Called
         once per start; `trainer.outputs.event_files.purge_events` drops the previous start's records."""
         with self.run.as_default(step=0):
-            tf.summary.experimental.write_raw_pb(_experiment().SerializeToString(), step=0)
+            tf.summary.experimental.write_raw_pb(_experiment(metric_names).SerializeToString(), step=0)
             # The trial ID column shows the model_dir's name, not a hash of the settings.
             trial_id = os.path.basename(os.path.normpath(plan.config.loop.model_dir))
             hp.hparams(run_hparams(plan), trial_id=trial_id)
@@ -195,18 +196,22 @@ EXPERIMENT_HPARAMS = [
 ]
 # Shown in the HParams table at first (it shows 5, settings marked `differs` first; the user ticks others).
 HEADLINE_HPARAMS = ("model", "optimizer", "learning_rate", "global_batch_size", "micro_batches")
-EXPERIMENT_METRICS = [
-    hp.Metric("accuracy", group="eval", display_name="eval accuracy", dataset_type=hp.Metric.VALIDATION),
-    hp.Metric("loss", group="eval", display_name="eval loss", dataset_type=hp.Metric.VALIDATION),
-    hp.Metric("accuracy", group="train", display_name="train accuracy", dataset_type=hp.Metric.TRAINING),
-    hp.Metric("loss", group="train", display_name="train loss", dataset_type=hp.Metric.TRAINING),
-]
 
 
-def _experiment():
+def experiment_metrics(metric_names: tuple[str, ...]) -> list:
+    """The HParams metric columns: per group (eval, then train) each task metric, then the loss."""
+    kinds = (("eval", hp.Metric.VALIDATION), ("train", hp.Metric.TRAINING))
+    return [
+        hp.Metric(name, group=group, display_name=f"{group} {name}", dataset_type=kind)
+        for group, kind in kinds
+        for name in (*metric_names, "loss")
+    ]
+
+
+def _experiment(metric_names: tuple[str, ...]):
     """The experiment summary, with the headline settings marked `differs`: a run cannot know which settings
     differ between the runs of a logdir, and TensorBoard displays those marked first."""
-    summary = hp.hparams_config_pb(hparams=EXPERIMENT_HPARAMS, metrics=EXPERIMENT_METRICS)
+    summary = hp.hparams_config_pb(hparams=EXPERIMENT_HPARAMS, metrics=experiment_metrics(metric_names))
     plugin_data = summary.value[0].metadata.plugin_data
     content = plugin_data_pb2.HParamsPluginData.FromString(plugin_data.content)
     for info in content.experiment.hparam_infos:

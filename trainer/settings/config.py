@@ -16,6 +16,7 @@ PARAMETER_DEVICES = ("gpu", "cpu", "spread")
 UPDATE_MODES = ("sync", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")
+POSITIONS = ("learned", "rotary")
 RECORD_SCHEMAS = ("auto", "image", "dense")
 MIXED_PRECISION = ("", "bf16", "fp16")
 AUGMENTS = ("auto", "none", "flip", "crop_flip", "imagenet")
@@ -146,13 +147,34 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The workload (`tasks`): which task, its own options, and the built-in language model's sizes."""
+
+    name: str = "classify"  # a built-in task (tasks.BUILT_IN) or "package.module:Class"
+    args: tuple[tuple[str, str], ...] = ()  # --task_args=key=value,...: a user task's own options, as text
+    layers: int = 4  # --task=lm: Transformer blocks
+    heads: int = 4
+    width: int = 128
+    context: int = 64  # tokens a prediction sees
+    positions: str = "learned"  # learned or rotary
+    dropout: float = 0.0
+
+    @property
+    def arg_dict(self) -> dict[str, str]:
+        """--task_args as a dict."""
+        return dict(self.args)
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     name: str = "momentum"
     learning_rate: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 1e-4  # adamw only
+    beta2: float = 0.999  # adam and adamw
     schedule: str = "cosine"
     warmup_steps: int = 0
+    min_learning_rate: float = 0.0  # cosine: where the decay ends
     boundaries: tuple[int, ...] = ()  # piecewise: step boundaries
     values: tuple[float, ...] = ()  # piecewise: one more value than boundaries
     clip_global_norm: float = 0.0  # 0: no clipping
@@ -229,6 +251,7 @@ class ClusterConfig:
 class RunConfig:
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     towers: TowerConfig = TowerConfig()
     loop: LoopConfig = LoopConfig()

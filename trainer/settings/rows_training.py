@@ -216,7 +216,7 @@ def model_and_optimizer() -> list[Flag]:
             "model",
             "model.name",
             "model",
-            "Built-in model (mlp, cnn, resnet20, resnet50) or "
+            "--task=classify's model: built-in (mlp, cnn, resnet20, resnet50) or "
             "'package.module:function' returning a Keras model for (input_shape, num_classes).",
         ),
         Flag("optimizer", "optimizer.name", g, "Optimizer (momentum: SGD with --momentum).", choices=cfg.OPTIMIZERS),
@@ -235,11 +235,12 @@ def model_and_optimizer() -> list[Flag]:
             "Decoupled weight decay of --optimizer=adamw, >= 0.",
             check=in_range(0, math.inf),
         ),
+        Flag("beta2", "optimizer.beta2", g, "Adam's and AdamW's beta_2, in [0, 1).", check=in_range(0, 0.999999)),
         Flag(
             "lr_schedule",
             "optimizer.schedule",
             g,
-            "cosine: linear warmup then cosine decay to 0 at --train_steps. "
+            "cosine: linear warmup then cosine decay to --min_learning_rate at --train_steps. "
             "piecewise: --lr_values between --lr_boundaries. constant: warmup then --learning_rate.",
             choices=cfg.SCHEDULES,
         ),
@@ -248,6 +249,13 @@ def model_and_optimizer() -> list[Flag]:
             "optimizer.warmup_steps",
             g,
             "Steps of linear warmup from 0 (cosine and constant schedules); 0: none.",
+        ),
+        Flag(
+            "min_learning_rate",
+            "optimizer.min_learning_rate",
+            g,
+            "Where the cosine schedule ends, >= 0 and below --learning_rate (nanoGPT: a tenth of it).",
+            check=in_range(0, math.inf),
         ),
         Flag(
             "lr_boundaries", "optimizer.boundaries", g, "Piecewise schedule: step boundaries, increasing.", parse=ints()

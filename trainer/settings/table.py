@@ -11,7 +11,7 @@ here and one field in `trainer.settings.config`.
 from __future__ import annotations
 
 from trainer.settings import config as cfg
-from trainer.settings import rows_running, rows_training
+from trainer.settings import rows_running, rows_task, rows_training
 from trainer.settings.flag import FREE, Flag
 
 # `--help` heading -> the one-line description printed with it, in `--help` order.
@@ -19,6 +19,7 @@ GROUPS = {
     "towers": "devices, batch split, update mode, precision, reproducibility",
     "data": "training and eval records",
     "augmentation": "what training images look like, and the decoded-record cache",
+    "task": "the workload: classification, the language model, or your own tasks.Task",
     "model": "what is trained",
     "optimizer": "update rule and learning-rate schedule",
     "loop and outputs": "how long, how often, what model_dir gets",
@@ -32,6 +33,7 @@ FLAGS: tuple[Flag, ...] = (
     *rows_training.towers(),
     *rows_training.data_(),
     *rows_training.augmentation(),
+    *rows_task.task(),
     *rows_training.model_and_optimizer(),
     *rows_running.loop(),
     *rows_running.cluster_and_runtime(),

@@ -31,6 +31,7 @@ def validate(config: cfg.RunConfig) -> cfg.RunConfig:
     _towers(config.towers)
     _optimizer(config.optimizer, config.loop.train_steps)
     _loop(config.loop)
+    _task(config.task)
     _data(config.data)
     _runtime(config.runtime, config.towers.device, config.deterministic)
     return config
@@ -72,10 +73,19 @@ def _task_counts(micro_batches: int, towers_per_task: int) -> str:
     return f"; with --num_gpus={towers_per_task}, these numbers of tasks do: {', '.join(map(str, counts))}"
 
 
+def _task(t: cfg.TaskConfig) -> None:
+    require(t.width % t.heads == 0, f"--lm_heads ({t.heads}) must divide --lm_width ({t.width})")
+    require(bool(t.name), "--task must name a task: classify, lm or 'package.module:Class'")
+
+
 def _optimizer(o: cfg.OptimizerConfig, train_steps: int) -> None:
     require(
         0 <= o.warmup_steps < train_steps,
         f"--warmup_steps ({o.warmup_steps}) must be in [0, --train_steps ({train_steps}))",
+    )
+    require(
+        o.min_learning_rate < o.learning_rate,
+        f"--min_learning_rate ({o.min_learning_rate}) must be below --learning_rate ({o.learning_rate})",
     )
     if o.schedule == "piecewise":
         require(

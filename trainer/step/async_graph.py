@@ -14,9 +14,26 @@ import tensorflow as tf
 from trainer.step import calls, spread
 from trainer.step import towers as tw
 
-# The per-update values a call returns, in this order, and their dtypes: step after the apply, loss, examples
-# right, staleness, gradient norm.
-RECORD_DTYPES = (tf.int64, tf.float32, tf.int32, tf.int64, tf.float32)
+# The per-update values a call returns, in this order, and their dtypes: step after the apply, loss, staleness,
+# gradient norm; then each of the task's metrics' sum, then each one's count (`record_dtypes`).
+RECORD_DTYPES = (tf.int64, tf.float32, tf.int64, tf.float32)
+
+
+def record_dtypes(task) -> tuple:
+    """The dtypes of one update's record for `task`: `RECORD_DTYPES`, then a sum and a count per metric."""
+    return RECORD_DTYPES + (tf.float32,) * (2 * len(task.metric_names))
+
+
+def record_values(m: dict, loss, metrics: dict) -> tuple:
+    """One update's record (`record_dtypes`' order) from `apply`'s values, its loss and its task metrics."""
+    return (
+        m["step"],
+        loss,
+        m["staleness"],
+        m["grad_norm"],
+        *(s for s, _ in metrics.values()),
+        *(c for _, c in metrics.values()),
+    )
 
 
 class TowerGraph:
@@ -24,7 +41,7 @@ class TowerGraph:
     `tf.function` traces).
 
     Args:
-      model, optimizer, placement, global_step, iterators, clip_global_norm: as `AsyncUpdate` takes them.
+      task, model, optimizer, placement, global_step, iterators, clip_global_norm: as `AsyncUpdate` takes them.
       halt: bool `tf.Variable`; once true, no update starts.
       micro_batch: the function each tower runs per micro-batch (`trainer.step.towers.micro_batch_fn`).
 
@@ -33,7 +50,8 @@ class TowerGraph:
         micro-batch (`trainer.step.updater.Updater.wrap_micro_batch`).
     """
 
-    def __init__(self, model, optimizer, placement, global_step, iterators, halt, clip_global_norm, micro_batch):
+    def __init__(self, task, model, optimizer, placement, global_step, iterators, halt, clip_global_norm, micro_batch):
+        self.task = task
         self.model = model
         self.optimizer = optimizer
         self.placement = placement
@@ -47,10 +65,11 @@ class TowerGraph:
 
     def compute(self, tower: int):
         """One micro-batch of `tower`: reads its input, the global step and the variables, computes on the
-        tower. Returns (loss, correct, grads, new non-trainable values, the step the variables were read at)."""
+        tower. Returns (loss per weight, the task's {name: (sum, count)}, gradients per weight, new non-trainable
+        values, the step the variables were read at): an async update is the mean over its own micro-batch."""
         iterator = self.iterators[tower]
         with tf.device(iterator.device):  # the CPU of the tower's own task
-            features, labels = iterator.take(iterator.iterator)
+            batch = iterator.take(iterator.iterator)
         with tf.device(self.placement.parameter_device):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)
@@ -58,8 +77,10 @@ class TowerGraph:
         non_trainable = spread.read_values(self.model.non_trainable_variables)
         with tf.device(self.placement.towers[tower]):
             state = tw.micro_batch_seeds(non_trainable, self.seed_flags, step, tower, len(self.placement.towers))
-            result = self.micro_batch(trainable, state, features, labels, loss_scale)
-        return result.loss, result.correct, result.grads, result.non_trainable, step
+            result = self.micro_batch(trainable, state, batch, loss_scale)
+            grads = [tw.per_weight(g, result.weight) for g in result.grads]
+            loss = tw.per_weight(result.loss, result.weight)
+        return loss, result.metrics, grads, result.non_trainable, step
 
     def apply(self, loss, grads, non_trainable, read_step) -> dict:
         """Applies one update in the critical section; returns `tw.apply_update`'s values and its staleness
@@ -85,8 +106,8 @@ class TowerGraph:
 
     def one_update(self, tower: int) -> dict:
         """Compute and apply in one graph (the unbounded mode's update)."""
-        loss, correct, grads, non_trainable, read_step = self.compute(tower)
-        return {"loss": loss, "correct": correct, **self.apply(loss, grads, non_trainable, read_step)}
+        loss, metrics, grads, non_trainable, read_step = self.compute(tower)
+        return {"loss": loss, "metrics": metrics, **self.apply(loss, grads, non_trainable, read_step)}
 
     def updates(self, tower: int, num_updates, keep_gradients: bool) -> dict:
         """Up to `num_updates` updates of `tower` in an in-graph loop (`trainer.step.calls.in_graph_loop`),
@@ -94,18 +115,18 @@ class TowerGraph:
         request, a failed tower, shutdown).
 
         Returns {"count": updates run (the last one not applied if not `finite`), "finite", "records": one
-        stacked tensor per `RECORD_DTYPES` entry, "learning_rate" and, if `keep_gradients`, "gradients" of
+        stacked tensor per `record_dtypes` entry, "learning_rate" and, if `keep_gradients`, "gradients" of
         the last update}.
         """
 
         def body(i, carried):
             records, learning_rate, gradients = carried
             m = self.one_update(tower)
-            values = (m["step"], m["loss"], m["correct"], m["staleness"], m["grad_norm"])
+            values = record_values(m, m["loss"], m["metrics"])
             records = tuple(r.write(i, v) for r, v in zip(records, values, strict=True))
             return m["finite"], (records, m["learning_rate"], m["gradients"] if keep_gradients else gradients)
 
-        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in RECORD_DTYPES)
+        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in record_dtypes(self.task))
         gradients = [tf.zeros_like(v) for v in self.model.trainable_variables] if keep_gradients else []
         start = (records, tf.constant(0.0), gradients)
         count, finite, (records, learning_rate, gradients) = calls.in_graph_loop(body, num_updates, self.halt, start)

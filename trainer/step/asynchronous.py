@@ -36,7 +36,7 @@ class AsyncUpdate(Updater):
     every tower paused at a step boundary (so a checkpoint or eval sees a consistent snapshot).
 
     Args:
-      model, optimizer, placement, global_step: as for `SyncUpdate`.
+      task, model, optimizer, placement, global_step: as for `SyncUpdate`.
       iterators: one per tower, each yielding micro-batches of that tower's share of the input.
       max_staleness: bound on staleness (see `trainer.step.staleness`); negative for none.
       clip_global_norm: clip each update's gradient to this global norm; 0 turns clipping off.
@@ -45,6 +45,7 @@ class AsyncUpdate(Updater):
 
     def __init__(
         self,
+        task,
         model,
         optimizer,
         placement: Placement,
@@ -60,11 +61,13 @@ class AsyncUpdate(Updater):
         self.global_step = global_step
         self.iterators = list(iterators)
         self.clip_global_norm = clip_global_norm
-        self.examples_per_step = int(self.iterators[0].element_spec[1].shape[0])
+        self.task = task
+        self.examples_per_step = tw.batch_size(self.iterators[0].element_spec)
         with tf.device(placement.host):  # read by the towers' in-graph loops before every update
             self.halt = tf.Variable(False, trainable=False, name="async_halt")
         self.gate = Gate(max_staleness, halt=lambda: self.halt.assign(True))
         self.graph = async_graph.TowerGraph(
+            task,
             model,
             optimizer,
             placement,
@@ -72,12 +75,12 @@ class AsyncUpdate(Updater):
             self.iterators,
             self.halt,
             clip_global_norm,
-            tw.micro_batch_fn(model, jit_compile),  # called under the tower's device scope
+            tw.micro_batch_fn(task, model, jit_compile),  # called under the tower's device scope
         )
         self._make_calls(len(placement.towers))
         self._call_sizes = [CallSize() for _ in placement.towers]
         self._land_lock = threading.Lock()
-        self._records: list[tuple] = []  # (step after apply, loss, correct, staleness, grad norm) of the window
+        self._records: list[tuple] = []  # each update's record of the window (`async_graph.record_dtypes`)
         self._tower_sec = [[] for _ in placement.towers]
         self._last = (-1, None, None)  # (step, learning rate, gradients) of the window's latest update
         self._keep_gradients = False
@@ -117,18 +120,24 @@ class AsyncUpdate(Updater):
         records = sorted(self._records)  # by step: a fixed order for the sums below
         if len(records) < num_steps:
             return StepResult(len(records))  # cut short by a stop request: the run checkpoints and ends
-        staleness = [r[3] for r in records]
+        staleness = [r[2] for r in records]
         self._staleness_all.extend(staleness)
         return StepResult(
             num_steps,
             loss=float(np.mean([r[1] for r in records])),
-            accuracy=float(np.sum([r[2] for r in records])) / (num_steps * self.examples_per_step),
-            grad_norm=float(np.mean([r[4] for r in records])),
+            metrics=self._metrics(records),
+            grad_norm=float(np.mean([r[3] for r in records])),
             learning_rate=float(self._last[1]),
             tower_step_sec=[float(np.mean(s)) if s else 0.0 for s in self._tower_sec],
             staleness=staleness,
             gradients=self._last[2] if want_gradients else None,
         )
+
+    def _metrics(self, records: list[tuple]) -> dict:
+        """The task's metrics over the window's updates: each metric's sums over its counts."""
+        names, first = self.task.metric_names, len(async_graph.RECORD_DTYPES)
+        sums = np.sum([r[first:] for r in records], axis=0) if names else []
+        return tw.metric_values({n: (sums[i], sums[len(names) + i]) for i, n in enumerate(names)})
 
     @property
     def steps_finished(self) -> int:
@@ -200,10 +209,10 @@ class AsyncUpdate(Updater):
 
     def _ordered_update(self, tower: int, tickets: list[int]) -> dict:
         """With a staleness bound: one update, applied in the order the gate gives (its one ticket)."""
-        loss, correct, grads, non_trainable, read_step = self.compute_call(tower)
+        loss, metrics, grads, non_trainable, read_step = self.compute_call(tower)
         self.gate.wait_turn(tickets[0])
         m = self.apply_call(loss, grads, non_trainable, read_step)
-        records = [tf.reshape(v, [1]) for v in (m["step"], loss, correct, m["staleness"], m["grad_norm"])]
+        records = [tf.reshape(v, [1]) for v in async_graph.record_values(m, loss, metrics)]
         return {"count": 1, "records": records, **{k: m[k] for k in ("finite", "learning_rate", "gradients")}}
 
     def _land(self, tower: int, out: dict, seconds: float) -> int:

@@ -54,8 +54,8 @@ class UpdateMode(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        """The stepper: `iterators` are the streams `stream_towers` laid out."""
+    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+        """The stepper of `task`'s `model`: `iterators` are the streams `stream_towers` laid out."""
 
 
 class SyncMode(UpdateMode):
@@ -76,11 +76,12 @@ class SyncMode(UpdateMode):
         variables = updater.model.trainable_variables
         return {"mirrored_variables": [variables[i].path for i in updater.mirrors.indices]}
 
-    def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
         from trainer.step import optim
         from trainer.step.sync import SyncUpdate
 
         return SyncUpdate(
+            task,
             model,
             optimizer,
             placement,
@@ -161,10 +162,11 @@ class AsyncMode(UpdateMode):
             "max_staleness": config.towers.max_staleness,
         }
 
-    def build(self, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
         from trainer.step.asynchronous import AsyncUpdate
 
         return AsyncUpdate(
+            task,
             model,
             optimizer,
             placement,

@@ -11,19 +11,20 @@ from trainer.settings.config import OptimizerConfig
 def make_schedule(config: OptimizerConfig, train_steps: int) -> keras.optimizers.schedules.LearningRateSchedule:
     """Returns the schedule: step -> learning rate.
 
-    `cosine` warms up linearly from 0 over `warmup_steps`, then decays to 0 at `train_steps`. `piecewise`
-    holds `values[i]` until `boundaries[i]` (no warmup). `constant` warms up, then holds `learning_rate`.
+    `cosine` warms up linearly from 0 over `warmup_steps`, then decays to `min_learning_rate` at `train_steps`.
+    `piecewise` holds `values[i]` until `boundaries[i]` (no warmup). `constant` warms up, then holds `learning_rate`.
     """
     lr = config.learning_rate
     if config.schedule == "piecewise":
         return keras.optimizers.schedules.PiecewiseConstantDecay(list(config.boundaries), list(config.values))
     if config.schedule == "cosine":
         decay_steps = max(train_steps - config.warmup_steps, 1)
+        alpha = config.min_learning_rate / lr  # CosineDecay ends at alpha * its peak
         if config.warmup_steps:
             return keras.optimizers.schedules.CosineDecay(
-                0.0, decay_steps, warmup_target=lr, warmup_steps=config.warmup_steps
+                0.0, decay_steps, alpha=alpha, warmup_target=lr, warmup_steps=config.warmup_steps
             )
-        return keras.optimizers.schedules.CosineDecay(lr, decay_steps)
+        return keras.optimizers.schedules.CosineDecay(lr, decay_steps, alpha=alpha)
     return _WarmupConstant(lr, config.warmup_steps)
 
 
@@ -75,8 +76,8 @@ def make_optimizer(
     if config.name == "momentum":
         return keras.optimizers.SGD(learning_rate, momentum=config.momentum if momentum is None else momentum)
     if config.name == "adam":
-        return keras.optimizers.Adam(learning_rate)
-    return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay)
+        return keras.optimizers.Adam(learning_rate, beta_2=config.beta2)
+    return keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay, beta_2=config.beta2)
 
 
 def loss_scaled(mixed_precision: str) -> bool:

@@ -33,7 +33,8 @@ class SyncUpdate(Updater):
     """The sync update mode. `train_steps(n)` runs n global steps and returns their metrics.
 
     Args:
-      model: Keras model (logits out) whose variables live on `placement.parameter_device` or, spread, each
+      task: the run's `tasks.Task` (its loss and metrics).
+      model: the task's Keras model whose variables live on `placement.parameter_device` or, spread, each
         on its owner (`trainer.step.spread`).
       optimizer: built Keras optimizer (slots on the parameter device).
       placement: tower and parameter devices.
@@ -53,6 +54,7 @@ class SyncUpdate(Updater):
 
     def __init__(
         self,
+        task,
         model,
         optimizer,
         placement: Placement,
@@ -65,6 +67,7 @@ class SyncUpdate(Updater):
         profile_steps: tuple[int, int] | None = None,
         make_optimizer=None,
     ):
+        self.task = task
         self.model = model
         self.optimizer = optimizer
         self.placement = placement
@@ -74,7 +77,7 @@ class SyncUpdate(Updater):
             raise ValueError(f"{len(iterators)} input streams for {num_micro_batches} micro-batches")
         self.iterators = list(iterators)
         self.clip_global_norm = clip_global_norm
-        self.examples_per_step = sum(int(it.element_spec[1].shape[0]) for it in iterators)
+        self.examples_per_step = sum(tw.batch_size(it.element_spec) for it in iterators)
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
         self._owners = (
             [spread.device_of(v) for v in model.trainable_variables],
@@ -83,7 +86,7 @@ class SyncUpdate(Updater):
         )
         self._layout = tree.Layout.of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer)
-        self._micro_batch = tw.micro_batch_fn(model, jit_compile)
+        self._micro_batch = tw.micro_batch_fn(task, model, jit_compile)
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
         self._calls = CallSize(steps_per_call, profile_steps)
@@ -105,7 +108,7 @@ class SyncUpdate(Updater):
     def train_steps(self, num_steps: int, want_gradients: bool = False, should_stop=None) -> StepResult:
         """Runs up to `num_steps` updates, fewer when `should_stop()` turns true or `interrupt()` is called.
         Returns how many ran, the steps that traced a graph and their wall time and, when all ran, the mean
-        loss, accuracy and gradient norm over the steps, the last step's learning rate and per-tower times
+        loss, the task's metrics and gradient norm over the steps, the last step's learning rate and per-tower times
         (read on the host once, at the end) and its averaged gradients if asked.
 
         The first n-1 steps run in calls of several steps each (an in-graph loop, `steps_per_call`), which
@@ -132,7 +135,7 @@ class SyncUpdate(Updater):
             steps,
             **traced,
             loss=_host((totals[0] + metrics["loss"]) / steps),
-            accuracy=_host(tf.cast(totals[1] + metrics["correct"], tf.float32) / (steps * self.examples_per_step)),
+            metrics=tw.metric_values(tw.add_metrics(totals[1], metrics["metrics"])),
             grad_norm=_host((totals[2] + metrics["grad_norm"]) / steps),
             learning_rate=_host(metrics["learning_rate"]),
             tower_step_sec=_host(metrics["tower_step_sec"]),
@@ -153,7 +156,7 @@ class SyncUpdate(Updater):
         self._interrupted.assign(True)
 
     def _zero_totals(self):
-        return (tf.constant(0.0), tf.constant(0, tf.int32), tf.constant(0.0))
+        return (tf.constant(0.0), tw.zero_metrics(self.task), tf.constant(0.0))
 
     def _lean_call(self, remaining: int, totals, traced: dict):
         """One call of lean steps (at most `remaining`); returns how many ran and the running sums after
@@ -200,7 +203,7 @@ class SyncUpdate(Updater):
         def one_step(_, carried):
             totals = carried[0]
             m = self._step(iterators, report=False, want_gradients=False)
-            totals = (totals[0] + m["loss"], totals[1] + m["correct"], totals[2] + m["grad_norm"])
+            totals = (totals[0] + m["loss"], tw.add_metrics(totals[1], m["metrics"]), totals[2] + m["grad_norm"])
             return m["finite"], (totals, m["loss"], m["step"], m["bad_micro_batch"])
 
         start = (totals, tf.constant(0.0), self.global_step.read_value(), -1)
@@ -231,21 +234,17 @@ class SyncUpdate(Updater):
 
     def _step(self, iterators, report: bool, want_gradients: bool):
         placement = self.placement
-        feature_parts, label_parts = [], []
+        batches = []
         for placed, iterator in zip(self.iterators, iterators, strict=True):
             with tf.device(placed.device):  # the CPU of the task whose tower runs this micro-batch
-                features, labels = placed.take(iterator)
-            feature_parts.append(features)
-            label_parts.append(labels)
+                batches.append(placed.take(iterator))
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)
         # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`).
         trainable = self.mirrors.fanout(spread.read_values(self.model.trainable_variables), self._owners[0])
         non_trainable = self._layout.fanout(spread.read_values(self.model.non_trainable_variables), self._owners[1])
-        results, tower_sec = self._run_towers(
-            feature_parts, label_parts, trainable, non_trainable, step, report, loss_scale
-        )
+        results, tower_sec = self._run_towers(batches, trainable, non_trainable, step, report, loss_scale)
         with tf.device(placement.parameter_device):
             metrics = self._apply(results, loss_scale, non_trainable)
         if report:
@@ -254,7 +253,7 @@ class SyncUpdate(Updater):
             metrics.pop("gradients")
         return metrics
 
-    def _run_towers(self, feature_parts, label_parts, trainable, non_trainable, step, timed: bool, loss_scale):
+    def _run_towers(self, batches, trainable, non_trainable, step, timed: bool, loss_scale):
         """Runs every micro-batch on its tower, with its task's copy of the values; returns the results in
         micro-batch order and each tower's wall time (first input ready -> last gradient computed), measured
         with in-graph timestamps."""
@@ -264,12 +263,12 @@ class SyncUpdate(Updater):
             tower = tower_of_micro_batch(j, self.num_micro_batches, num_towers)
             with tf.device(self.placement.towers[tower]):
                 if tower not in starts:
-                    with tf.control_dependencies([feature_parts[j]]):
+                    with tf.control_dependencies(tf.nest.flatten(batches[j])):
                         starts[tower] = _now() if timed else tf.constant(0.0, tf.float64)
                 with tf.control_dependencies([starts[tower]] if timed else []):
                     task = self._layout.task_of_micro_batch(j)
                     state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
-                    result = self._micro_batch(trainable[task], state, feature_parts[j], label_parts[j], loss_scale)
+                    result = self._micro_batch(trainable[task], state, batches[j], loss_scale)
                 results.append(result)
                 if timed:
                     with tf.control_dependencies(result.grads):
@@ -277,7 +276,7 @@ class SyncUpdate(Updater):
         return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
     def _apply(self, results, loss_scale, old_state):
-        loss, correct, grads, new_state, replica_grads = tw.combine(
+        loss, metrics, grads, new_state, replica_grads = tw.combine(
             results, self._seed_flags, old_state, self._owners, self.mirrors
         )
         applied = tw.apply_update(
@@ -292,7 +291,7 @@ class SyncUpdate(Updater):
             also=lambda clip: self.mirrors.apply(replica_grads, clip),
         )
         bad = tw.first_non_finite([r.loss for r in results])
-        return {"loss": loss, "correct": correct, "bad_micro_batch": bad, **applied}
+        return {"loss": loss, "metrics": metrics, "bad_micro_batch": bad, **applied}
 
 
 def _host(value):

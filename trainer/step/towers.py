@@ -16,18 +16,28 @@ import tensorflow as tf
 
 from trainer.step import tree, update
 
+# How the loss and gradient are reduced over the global batch (recorded in run.json: it decides the bits): the
+# sums of loss * weight and of the weights along the fixed tree, divided once by the global weight.
+LOSS_REDUCTION = "weighted_sum"
+
 # Room for this many random draws per layer per micro-batch before two micro-batches' seeds could overlap.
 _DRAWS_PER_MICRO_BATCH = 1024
 
 
 @dataclasses.dataclass
 class MicroBatchResult:
-    """The outputs of one micro-batch (all tensors on the tower's device)."""
+    """The outputs of one micro-batch (all tensors on the tower's device), as sums: nothing is divided by the
+    micro-batch's size; `combine` divides once, by the global weight."""
 
-    loss: tf.Tensor  # mean cross-entropy over the micro-batch (without regularisation)
-    correct: tf.Tensor  # number of examples whose arg-max logit is the label
-    grads: list[tf.Tensor]  # d(loss + regularisation)/d(trainable), one per trainable variable
+    loss: tf.Tensor  # sum of loss * weight over the micro-batch (without regularisation), float32
+    weight: tf.Tensor  # sum of the weights, float32
+    metrics: dict  # the task's {name: (sum, count)}, float32
+    grads: list[tf.Tensor]  # d(loss + weight * regularisation)/d(trainable), one per trainable variable
     non_trainable: list[tf.Tensor]  # new values of the model's non-trainable variables
+
+    def flat(self) -> tuple:
+        """The result as a flat tuple (an XLA-compiled function's return value); `unflat` inverts it."""
+        return (self.loss, self.weight, self.metrics, self.grads, self.non_trainable)
 
 
 def is_seed_state(variable: keras.Variable) -> bool:
@@ -51,29 +61,85 @@ def micro_batch_seeds(non_trainable: list[tf.Tensor], flags: list[bool], step, i
     return out
 
 
-def run_micro_batch(model, trainable, non_trainable, features, labels, loss_scale=None) -> MicroBatchResult:
+def run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale=None) -> MicroBatchResult:
     """Forward and backward pass of one micro-batch with the given variable values.
 
+    The task's per-example (or per-token) losses and weights are summed here; the gradient is that of
+    sum(loss * weight) + sum(weight) * regularisation, so that after the engine's one division by the global
+    weight the regularisation counts once and each example (token) by its weight, whatever the micro-batch
+    holds.
+
     Args:
-      model: a Keras model returning logits.
+      task: the run's `tasks.Task` (`model_inputs`, `loss`, `metrics`).
+      model: its Keras model.
       trainable, non_trainable: values for `model.trainable_variables` / `model.non_trainable_variables`.
-      features, labels: the micro-batch; labels are int class indices.
+      batch: the micro-batch, as the task's records give it.
       loss_scale: optional scalar to multiply the loss by before differentiation (fp16, so small gradients
         do not underflow); the gradients come back scaled, and the loss-scale optimizer unscales them.
     """
     with tf.GradientTape() as tape:
         tape.watch(trainable)
-        logits, new_non_trainable, losses = model.stateless_call(
-            trainable, non_trainable, features, training=True, return_losses=True
+        outputs, new_non_trainable, losses = model.stateless_call(
+            trainable, non_trainable, task.model_inputs(batch), training=True, return_losses=True
         )
-        logits = tf.cast(logits, tf.float32)
-        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        total = loss + tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else loss
+        outputs = tf.nest.map_structure(float32, outputs)
+        loss, weight = weighted_sums(task, outputs, batch)
+        total = loss + weight * tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else loss
         if loss_scale is not None:
             total = total * loss_scale
     grads = tape.gradient(total, trainable)
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=labels.dtype), labels), tf.int32))
-    return MicroBatchResult(loss, correct, grads, new_non_trainable)
+    return MicroBatchResult(loss, weight, task_metrics(task, outputs, batch), grads, new_non_trainable)
+
+
+def weighted_sums(task, outputs, batch) -> tuple[tf.Tensor, tf.Tensor]:
+    """(sum of loss * weight, sum of weights) of the task's losses on one micro-batch, float32."""
+    losses, weights = task.loss(outputs, batch)
+    losses, weights = tf.cast(losses, tf.float32), tf.stop_gradient(tf.cast(weights, tf.float32))
+    return tf.reduce_sum(losses * weights), tf.reduce_sum(weights)
+
+
+def task_metrics(task, outputs, batch) -> dict:
+    """The task's {name: (sum, count)} as float32, in `task.metric_names`' order.
+
+    Raises:
+      ValueError: the task returned other names than its `metric_names` declare.
+    """
+    metrics = task.metrics(outputs, batch)
+    if tuple(metrics) != tuple(task.metric_names):
+        raise ValueError(
+            f"task {task.name!r}: metrics() returned {sorted(metrics)}, but metric_names declares "
+            f"{list(task.metric_names)} (same names, same order)"
+        )
+    return {name: (tf.cast(s, tf.float32), tf.cast(c, tf.float32)) for name, (s, c) in metrics.items()}
+
+
+def float32(tensor):
+    """Mixed precision computes in 16 bits; the loss and metrics see float32 outputs."""
+    return tf.cast(tensor, tf.float32) if tensor.dtype.is_floating else tensor
+
+
+def batch_size(element_spec) -> int:
+    """Examples in a batch of this spec: the leading dimension of its first tensor (every tensor has it)."""
+    return int(tf.nest.flatten(element_spec)[0].shape[0])
+
+
+def zero_metrics(task) -> dict:
+    """{name: (0, 0)} for each of the task's metrics: where the sums of a window start."""
+    return {name: (tf.constant(0.0), tf.constant(0.0)) for name in task.metric_names}
+
+
+def add_metrics(a: dict, b: dict) -> dict:
+    """Two {name: (sum, count)} added name by name."""
+    return {name: (a[name][0] + b[name][0], a[name][1] + b[name][1]) for name in a}
+
+
+def metric_values(metrics: dict) -> dict:
+    """{name: sum / count} as host floats (None where nothing was counted)."""
+    values = {}
+    for name, (total, count) in metrics.items():
+        count = float(count)
+        values[name] = float(total) / count if count else None
+    return values
 
 
 def loss_scale(optimizer):
@@ -82,57 +148,66 @@ def loss_scale(optimizer):
     return None if scale is None else tf.identity(scale.value)
 
 
-def micro_batch_fn(model, jit_compile: bool = False):
-    """Returns `run_micro_batch` bound to `model`, XLA-compiled per call site when `jit_compile`.
+def micro_batch_fn(task, model, jit_compile: bool = False):
+    """Returns `run_micro_batch` bound to `task` and `model`, XLA-compiled per call site when `jit_compile`.
 
     XLA compiles for one device, so the unit it compiles is one tower's forward and backward pass (called
     under that tower's device scope); the reduction across towers and the update stay in the ordinary graph.
     """
     if not jit_compile:
-        return functools.partial(run_micro_batch, model)
+        return functools.partial(run_micro_batch, task, model)
 
     @tf.function(jit_compile=True)
-    def compiled(trainable, non_trainable, features, labels, loss_scale=None):
-        r = run_micro_batch(model, trainable, non_trainable, features, labels, loss_scale)
-        return r.loss, r.correct, r.grads, r.non_trainable
+    def compiled(trainable, non_trainable, batch, loss_scale=None):
+        return run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale).flat()
 
-    def run(trainable, non_trainable, features, labels, loss_scale=None):
-        return MicroBatchResult(*compiled(trainable, non_trainable, features, labels, loss_scale))
+    def run(trainable, non_trainable, batch, loss_scale=None):
+        return MicroBatchResult(*compiled(trainable, non_trainable, batch, loss_scale))
 
     return run
 
 
 def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, owners, mirrors):
-    """Reduces per-micro-batch results along the fixed tree (`trainer.step.tree`).
+    """Reduces per-micro-batch results along the fixed tree (`trainer.step.tree`), and divides once.
 
-    Each variable's gradients and new values are summed on its owner, or, for a subtree one task holds, on
-    that task's twin of the owner, so only one partial sum per subtree crosses between tasks. A mirrored
-    variable's gradient is all-reduced instead, a copy on every task (`trainer.step.mirrors`).
+    The loss, weight and metric sums and each variable's gradient are summed along the tree; each gradient
+    (and the loss) is then divided by the global weight, on the variable's owner: the mean over every weighted
+    example (token) of the global batch, the same for any number of towers and tasks at fixed K. A gradient is
+    summed on its owner, or, for a subtree one task holds, on that task's twin of the owner, so only one
+    partial sum per subtree crosses between tasks. A mirrored variable's gradient is all-reduced instead, a
+    copy on every task (`trainer.step.mirrors`).
 
     Args:
       old_state: per task, the non-trainable values its micro-batches started from (`Layout.fanout`).
       owners: (devices of the trainable variables, devices of the non-trainable variables, the device of
-        the loss and accuracy sums).
+        the loss and metric sums).
       mirrors: the run's `trainer.step.mirrors.Mirrors` (its `layout`: which task holds each micro-batch).
 
     Returns:
-      (mean loss, total correct, mean gradients, new non-trainable values or None for seed states, and per
-      task {index: mean gradient} of the mirrored variables' replicas there).
+      (loss per weight, {name: (sum, count)} of the task's metrics, gradients per weight, new non-trainable
+      values or None for seed states, and per task {index: gradient per weight} of the mirrored variables'
+      replicas there).
     """
-    k, layout = len(results), mirrors.layout
+    layout = mirrors.layout
     scalars = layout.placer(owners[2])
-    loss_sum = tree.tree_sum([r.loss for r in results], scalars)
-    correct = tree.tree_sum([r.correct for r in results], scalars)
+    weight = tree.tree_sum([r.weight for r in results], scalars)
+    metrics = {
+        name: (
+            tree.tree_sum([r.metrics[name][0] for r in results], scalars),
+            tree.tree_sum([r.metrics[name][1] for r in results], scalars),
+        )
+        for name in results[0].metrics
+    }
     with tf.device(owners[2]):
-        loss = _mean(loss_sum, k)
+        loss = per_weight(tree.tree_sum([r.loss for r in results], scalars), weight)
     grads, replica_grads = [], {task: {} for task in range(layout.num_tasks)}
     for i, (device, g) in enumerate(zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True)):
         if i not in mirrors.homes:
             total = tree.tree_sum(list(g), layout.placer(device))
             with tf.device(device):
-                grads.append(_mean(total, k))
+                grads.append(per_weight(total, weight))
             continue
-        means = _all_reduced_means(mirrors, i, list(g), device)
+        means = _all_reduced_means(mirrors, i, list(g), device, weight)
         grads.append(means.pop(layout.task_of_device(device)))
         for task, mean in means.items():
             replica_grads[task][i] = mean
@@ -141,15 +216,21 @@ def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, 
         values = [r.non_trainable[i] for r in results]
         old = [task_state[i] for task_state in old_state]
         new_state.append(None if seed_flag else _combine_state(values, old, device, layout))
-    return loss, correct, grads, new_state, replica_grads
+    return loss, metrics, grads, new_state, replica_grads
 
 
-def _all_reduced_means(mirrors, index: int, leaves: list, home: str) -> dict:
-    """Per task, the mean of mirrored variable `index`'s gradients `leaves`, on the task's twin of `home`."""
+def per_weight(total: tf.Tensor, weight: tf.Tensor) -> tf.Tensor:
+    """`total / weight`, 0 where nothing had weight (a batch of padding moves no weight)."""
+    return tf.math.divide_no_nan(total, tf.cast(weight, total.dtype))
+
+
+def _all_reduced_means(mirrors, index: int, leaves: list, home: str, weight: tf.Tensor) -> dict:
+    """Per task, mirrored variable `index`'s gradients `leaves` summed and divided by the global `weight`, on
+    the task's twin of `home`."""
     means = {}
     for task, total in mirrors.all_reduce(index, leaves).items():
         with tf.device(mirrors.layout.twin(home, task)):
-            means[task] = _mean(total, len(leaves))
+            means[task] = per_weight(total, weight)
     return means
 
 

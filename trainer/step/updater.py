@@ -15,7 +15,8 @@ class StepResult:
 
     `steps`: how many ran (fewer than n: cut by a stop request, and then only `steps`, `traced_steps` and
     `traced_sec` are set: the run checkpoints and ends, nothing is logged). `traced_steps`, `traced_sec`:
-    steps that traced a graph, and their wall time (rates leave them out). The means are over the steps;
+    steps that traced a graph, and their wall time (rates leave them out). The loss and the task's `metrics`
+    are over the steps (each metric its sum over its count);
     `learning_rate` is the last step's, `tower_step_sec` each tower's seconds on one step. `staleness`: of
     every update, in step order (empty in modes without staleness). `gradients`: the last update's gradient,
     one tensor per trainable variable, when asked (for histograms), else None.
@@ -25,7 +26,7 @@ class StepResult:
     traced_steps: int = 0
     traced_sec: float = 0.0
     loss: float | None = None
-    accuracy: float | None = None
+    metrics: dict = dataclasses.field(default_factory=dict)  # the task's, each sum / count over the steps
     grad_norm: float | None = None
     learning_rate: float | None = None
     tower_step_sec: list[float] = dataclasses.field(default_factory=list)
@@ -36,7 +37,7 @@ class StepResult:
         """The values a log line is made of (`trainer.outputs.progress.LogInterval.add`)."""
         return {
             "loss": self.loss,
-            "accuracy": self.accuracy,
+            "metrics": self.metrics,
             "grad_norm": self.grad_norm,
             "learning_rate": self.learning_rate,
             "tower_step_sec": self.tower_step_sec,
@@ -80,7 +81,7 @@ class Updater(abc.ABC):
     def wrap_micro_batch(self, wrap) -> None:
         """Replaces the function every tower runs per micro-batch with `wrap(it)`; call before the first step
         traces. The function is `trainer.step.towers.micro_batch_fn`'s: (trainable values, non-trainable
-        values, features, labels, loss scale) -> `MicroBatchResult`, called under the tower's device scope.
+        values, batch, loss scale) -> `MicroBatchResult`, called under the tower's device scope.
         A seam for measurements (`benchmarks/slow_tower.py` slows one tower), not used in training, so a mode
         need not offer it (both built-in modes do).
 
