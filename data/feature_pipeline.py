@@ -1,0 +1,186 @@
+"""The tf.data pipelines of a task's records (`data.FeatureSchema`): batches as dicts, variable lengths padded.
+
+The twins of `data.training_dataset` and `data.eval_dataset`, over the same record order (`data.order`), the
+same bad-record budget (`data.BadRecords`) and the same options. Each record is parsed to a dict (a
+variable-length feature a 1-D tensor of its true length, a fixed one with its shape), then the task's
+`preprocess(example, seed, training)` runs once per example:
+
+- `seed` (int32 [2], for `tf.random.stateless_*`) depends on (stream.seed, stream.worker_index, epoch, record
+  index) alone: `data.augment.example_key` of the record's position in its stream, the position a resume
+  restarts from. So an example gets the same draws on a rerun, after a resume, and whatever the towers or the
+  parallelism of the map. Streams differ by worker_index by design. Eval records are at epoch -1 (never a
+  training epoch), record = their index in this worker's eval records.
+- Its output keys, dtypes and ranks are static (one trace). Which outputs are padded: every output whose key
+  is a variable-length feature's, padded with that feature's `pad` to the smallest of its `buckets` that holds
+  the batch's longest; and any other 1-D output of unknown length, padded as the schema's only variable-length
+  feature (a schema with several refuses such an output: name it after the feature it follows). Each padded
+  output `k` gets `k_length`, int32 [B], its true lengths. So a batch has at most len(buckets) shapes.
+
+A record whose variable-length feature holds more than max_length values fails the pipeline with an
+InvalidArgumentError naming the task and the feature; `BadRecords.explain` turns it into a DataError that
+names the file and the record too (`data.features.find_bad_feature_record`).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from data import augment as augment_lib
+from data import order as order_lib
+from data.features import parse_spec
+from data.pipeline import _IN_ORDER, Stream, _drop, _finished, _registered
+from data.schema import DataError, Feature, FeatureSchema, RecordInfo
+
+# The epoch of every eval record's seed: training epochs count from 0, so eval seeds are never training's.
+EVAL_EPOCH = -1
+LENGTH_SUFFIX = "_length"
+
+
+def feature_training_dataset(
+    info: RecordInfo, stream: Stream, preprocess, *, resume_from: tuple[int, int] | None = None
+) -> tf.data.Dataset:
+    """This stream's share of the files (`data.order.training_share`) in the seeded order and shuffle of
+    `data.training_dataset`, repeated forever, full batches of stream.batch_size dicts.
+
+    Args:
+        info: From `data.inspect_feature_records`.
+        stream: What to read and how (its `preprocess` and `num_classes` are for images and labels: unused).
+        preprocess: `preprocess(example: dict, seed: int32 [2], training=True) -> dict`, once per example.
+        resume_from: An (epoch, record) position, as the second element of a batch of this pipeline gave it:
+            the dataset then starts there and yields (batch, position int64 [2]), the position after the
+            batch's last record, and a resume from it continues bit for bit. Without it, batches alone (as
+            `data.training_dataset` yields (features, labels) then).
+
+    Raises:
+        DataError: If the stream has an image preprocess, or preprocess's outputs cannot be padded.
+    """
+    _check_stream(stream)
+    bad_records = _registered(info, stream, training=True)
+    share = order_lib.training_share(info.files, stream.worker_index, stream.num_workers)
+    key = augment_lib.stream_key(stream.seed, stream.worker_index)
+    read = bad_records.chunk_reader(info)
+    records = order_lib.training_records(share, stream.seed, stream.shuffle_buffer, read, resume_from or (0, 0))
+    # The position (e, i + 1) of `training_records`: the one the image pipeline keys its augmentation on.
+    examples = records.map(_example_maker(info.schema, preprocess, key, True), **_IN_ORDER)
+    batches = _padded_batches(examples, info.schema, stream.batch_size, _drop(stream, True))
+    if resume_from is None:
+        return _finished(batches.map(lambda batch, positions: batch))
+    return _finished(batches.map(lambda batch, positions: (batch, positions[-1])))
+
+
+def feature_eval_dataset(info: RecordInfo, stream: Stream, preprocess) -> tf.data.Dataset:
+    """This worker's eval records (`data.order.eval_records`), each once, in file order, in batches of
+    stream.batch_size dicts (the last maybe short), `preprocess(example, seed, training=False)` on each.
+
+    Raises:
+        DataError: As `feature_training_dataset`.
+    """
+    _check_stream(stream)
+    _registered(info, stream, training=False)
+    key = augment_lib.stream_key(stream.seed, stream.worker_index)
+    records = order_lib.eval_records(info.files, stream.worker_index, stream.num_workers)
+    make = _example_maker(info.schema, preprocess, key, False)
+    examples = records.enumerate().map(lambda index, record: make(EVAL_EPOCH, (index, record)), **_IN_ORDER)
+    batches = _padded_batches(examples, info.schema, stream.batch_size, _drop(stream, False))
+    return _finished(batches.map(lambda batch, positions: batch))
+
+
+def example_seed(stream_key: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """The preprocess seed of the example at `position` = (epoch, record) of the stream keyed `stream_key`:
+    int32 [2], two full-range draws keyed on `data.augment.example_key`."""
+    key = augment_lib.example_key(stream_key, position)
+    return tf.random.stateless_uniform([2], key, minval=None, maxval=None, dtype=tf.int32)
+
+
+def _check_stream(stream: Stream) -> None:
+    if stream.preprocess is not None:
+        raise DataError("a task's records take the task's preprocess, not an image Preprocess (Stream.preprocess)")
+
+
+def _example_maker(schema: FeatureSchema, preprocess, stream_key: tf.Tensor, training: bool):
+    """`make(epoch, (record index, serialized)) -> (outputs, position int64 [2])`: one example parsed, its
+    lengths checked, preprocessed, each output to pad given its `_length`."""
+    spec = parse_spec(schema)
+
+    def make(epoch, pair):
+        index, serialized = pair
+        position = tf.stack([tf.cast(epoch, tf.int64), tf.cast(index, tf.int64)])
+        example = _checked(schema, tf.io.parse_single_example(serialized, spec))
+        outputs = dict(preprocess(example, example_seed(stream_key, position), training=training))
+        for key in _padded_keys(schema, outputs):
+            if key + LENGTH_SUFFIX in outputs:
+                raise DataError(f"task '{schema.task}': preprocess returned '{key}{LENGTH_SUFFIX}', which padding adds")
+            outputs[key + LENGTH_SUFFIX] = tf.shape(outputs[key], out_type=tf.int32)[0]
+        return outputs, position
+
+    return make
+
+
+def _checked(schema: FeatureSchema, example: dict) -> dict:
+    """The example, its variable-length features asserted to hold at most max_length values."""
+    checked = dict(example)
+    for key, feature in schema.features:
+        if feature.variable:
+            length = tf.size(example[key])
+            message = f"task '{schema.task}': feature '{key}' holds more than its max_length {feature.max_length}:"
+            with tf.control_dependencies([tf.debugging.Assert(length <= feature.max_length, [message, length])]):
+                checked[key] = tf.identity(example[key])
+    return checked
+
+
+def _padded_keys(schema: FeatureSchema, outputs: dict) -> dict[str, Feature]:
+    """{output key: the feature it is padded as}, as the module docstring says."""
+    features = schema.as_dict()
+    variable = [key for key, f in schema.features if f.variable]
+    padded = {}
+    for key, value in outputs.items():
+        if key in features and features[key].variable:
+            if value.shape.rank != 1:
+                raise DataError(f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}, not 1-D")
+            padded[key] = features[key]
+        elif value.shape.rank is None or None in value.shape.as_list():
+            if value.shape.rank != 1 or len(variable) != 1:
+                raise DataError(
+                    f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}: only 1-D outputs "
+                    f"may vary in length, named after the variable-length feature they follow ({variable})"
+                )
+            padded[key] = features[variable[0]]
+    return padded
+
+
+def _padded_batches(examples: tf.data.Dataset, schema: FeatureSchema, batch_size: int, drop: bool):
+    """(batch dict, positions int64 [B, 2]) batches: each padded output padded with its feature's pad to the
+    batch's longest, then to the smallest bucket that holds it."""
+    outputs, _ = examples.element_spec
+    padded = _padded_keys(schema, outputs)
+    values = {key: _pad_of(padded.get(key), spec.dtype) for key, spec in outputs.items()}
+    batches = examples.padded_batch(batch_size, drop_remainder=drop, padding_values=(values, tf.constant(0, tf.int64)))
+
+    def to_buckets(batch, positions):
+        batch = dict(batch)
+        for key, feature in padded.items():
+            batch[key] = _to_bucket(schema.task, key, feature, batch[key])
+        return batch, positions
+
+    return batches.map(to_buckets, **_IN_ORDER)
+
+
+def _to_bucket(task: str, key: str, feature: Feature, values: tf.Tensor) -> tf.Tensor:
+    """[B, longest] values padded to [B, the smallest bucket >= longest] with the feature's pad."""
+    buckets = tf.constant(feature.buckets, tf.int32)
+    longest = tf.shape(values)[1]
+    index = tf.reduce_sum(tf.cast(buckets < longest, tf.int32))
+    last = feature.buckets[-1]
+    message = f"task '{task}': preprocess output '{key}' is longer than its feature's last bucket {last}:"
+    with tf.control_dependencies([tf.debugging.Assert(index < len(feature.buckets), [message, longest])]):
+        target = tf.gather(buckets, tf.minimum(index, len(feature.buckets) - 1))
+    padding = tf.stack([tf.constant([0, 0]), tf.stack([0, target - longest])])
+    return tf.pad(values, padding, constant_values=_pad_of(feature, values.dtype))
+
+
+def _pad_of(feature: Feature | None, dtype: tf.DType) -> tf.Tensor:
+    """The value padding an output of `dtype` (the output's, which preprocess may have cast): its feature's
+    pad, b"" for strings, 0 for an output that is not padded (padded_batch wants one for every component)."""
+    if dtype == tf.string:
+        return tf.constant(b"")
+    return tf.cast(feature.pad if feature is not None else 0, dtype)
