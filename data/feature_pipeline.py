@@ -61,7 +61,7 @@ def feature_training_dataset(
     read = bad_records.chunk_reader(info)
     records = order_lib.training_records(share, stream.seed, stream.shuffle_buffer, read, resume_from or (0, 0))
     # The position (e, i + 1) of `training_records`: the one the image pipeline keys its augmentation on.
-    examples = records.map(_example_maker(info.schema, preprocess, key, True), **_IN_ORDER)
+    examples = _mapped(records, _example_maker(info.schema, preprocess, key, True))
     batches = _padded_batches(examples, info.schema, stream.batch_size, _drop(stream, True))
     if resume_from is None:
         return _finished(batches.map(lambda batch, positions: batch))
@@ -79,8 +79,8 @@ def feature_eval_dataset(info: RecordInfo, stream: Stream, preprocess) -> tf.dat
     _registered(info, stream, training=False)
     key = augment_lib.stream_key(stream.seed, stream.worker_index)
     records = order_lib.eval_records(info.files, stream.worker_index, stream.num_workers)
-    make = _example_maker(info.schema, preprocess, key, False)
-    examples = records.enumerate().map(lambda index, record: make(EVAL_EPOCH, (index, record)), **_IN_ORDER)
+    at_eval_epoch = lambda make: lambda index, record: make(EVAL_EPOCH, (index, record))
+    examples = _mapped(records.enumerate(), _example_maker(info.schema, preprocess, key, False), at_eval_epoch)
     batches = _padded_batches(examples, info.schema, stream.batch_size, _drop(stream, False))
     return _finished(batches.map(lambda batch, positions: batch))
 
@@ -98,22 +98,36 @@ def _check_stream(stream: Stream) -> None:
 
 
 def _example_maker(schema: FeatureSchema, preprocess, stream_key: tf.Tensor, training: bool):
-    """`make(epoch, (record index, serialized)) -> (outputs, position int64 [2])`: one example parsed, its
-    lengths checked, preprocessed, each output to pad given its `_length`."""
+    """(make, problems): `make(epoch, (record index, serialized)) -> (outputs, position int64 [2])`, one
+    example parsed, its lengths checked, preprocessed, each output to pad given its `_length`; `problems`, what
+    tracing `make` found wrong with preprocess's outputs (raised by `_mapped`: an exception raised while
+    tf.data traces reaches the caller as autograph's StagingError, not as a DataError)."""
     spec = parse_spec(schema)
+    problems = []
 
     def make(epoch, pair):
         index, serialized = pair
         position = tf.stack([tf.cast(epoch, tf.int64), tf.cast(index, tf.int64)])
         example = _checked(schema, tf.io.parse_single_example(serialized, spec))
         outputs = dict(preprocess(example, example_seed(stream_key, position), training=training))
-        for key in _padded_keys(schema, outputs):
+        padded, found = _padded_keys(schema, outputs)
+        problems.extend(found)
+        for key in padded:
             if key + LENGTH_SUFFIX in outputs:
-                raise DataError(f"task '{schema.task}': preprocess returned '{key}{LENGTH_SUFFIX}', which padding adds")
+                problems.append(f"task '{schema.task}': preprocess returned '{key}{LENGTH_SUFFIX}', which padding adds")
             outputs[key + LENGTH_SUFFIX] = tf.shape(outputs[key], out_type=tf.int32)[0]
         return outputs, position
 
-    return make
+    return make, problems
+
+
+def _mapped(records: tf.data.Dataset, make_and_problems, wrap=None) -> tf.data.Dataset:
+    """`records.map(make)` (through `wrap(make)`), or the DataError tracing `make` found."""
+    make, problems = make_and_problems
+    examples = records.map(wrap(make) if wrap else make, **_IN_ORDER)
+    if problems:
+        raise DataError(problems[0])
+    return examples
 
 
 def _checked(schema: FeatureSchema, example: dict) -> dict:
@@ -122,37 +136,40 @@ def _checked(schema: FeatureSchema, example: dict) -> dict:
     for key, feature in schema.features:
         if feature.variable:
             length = tf.size(example[key])
-            message = f"task '{schema.task}': feature '{key}' holds more than its max_length {feature.max_length}:"
+            # No quotes: TensorFlow escapes them when it prints the message.
+            message = f"task {schema.task}: feature {key} holds more than its max_length {feature.max_length}:"
             with tf.control_dependencies([tf.debugging.Assert(length <= feature.max_length, [message, length])]):
                 checked[key] = tf.identity(example[key])
     return checked
 
 
-def _padded_keys(schema: FeatureSchema, outputs: dict) -> dict[str, Feature]:
-    """{output key: the feature it is padded as}, as the module docstring says."""
+def _padded_keys(schema: FeatureSchema, outputs: dict) -> tuple[dict[str, Feature], list[str]]:
+    """({output key: the feature it is padded as}, what is wrong), as the module docstring says; `outputs`
+    holds tensors or their specs."""
     features = schema.as_dict()
     variable = [key for key, f in schema.features if f.variable]
-    padded = {}
+    padded, problems = {}, []
     for key, value in outputs.items():
         if key in features and features[key].variable:
             if value.shape.rank != 1:
-                raise DataError(f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}, not 1-D")
+                problems.append(f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}, not 1-D")
             padded[key] = features[key]
         elif value.shape.rank is None or None in value.shape.as_list():
             if value.shape.rank != 1 or len(variable) != 1:
-                raise DataError(
+                problems.append(
                     f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}: only 1-D outputs "
                     f"may vary in length, named after the variable-length feature they follow ({variable})"
                 )
-            padded[key] = features[variable[0]]
-    return padded
+            else:
+                padded[key] = features[variable[0]]
+    return padded, problems
 
 
 def _padded_batches(examples: tf.data.Dataset, schema: FeatureSchema, batch_size: int, drop: bool):
     """(batch dict, positions int64 [B, 2]) batches: each padded output padded with its feature's pad to the
     batch's longest, then to the smallest bucket that holds it."""
     outputs, _ = examples.element_spec
-    padded = _padded_keys(schema, outputs)
+    padded, _ = _padded_keys(schema, outputs)
     values = {key: _pad_of(padded.get(key), spec.dtype) for key, spec in outputs.items()}
     batches = examples.padded_batch(batch_size, drop_remainder=drop, padding_values=(values, tf.constant(0, tf.int64)))
 
@@ -171,7 +188,7 @@ def _to_bucket(task: str, key: str, feature: Feature, values: tf.Tensor) -> tf.T
     longest = tf.shape(values)[1]
     index = tf.reduce_sum(tf.cast(buckets < longest, tf.int32))
     last = feature.buckets[-1]
-    message = f"task '{task}': preprocess output '{key}' is longer than its feature's last bucket {last}:"
+    message = f"task {task}: preprocess output {key} is longer than the last bucket of its feature, {last}:"
     with tf.control_dependencies([tf.debugging.Assert(index < len(feature.buckets), [message, longest])]):
         target = tf.gather(buckets, tf.minimum(index, len(feature.buckets) - 1))
     padding = tf.stack([tf.constant([0, 0]), tf.stack([0, target - longest])])
