@@ -27,17 +27,24 @@ import tensorflow as tf
 
 from data import augment as augment_lib
 from data import order as order_lib
+from data.feature_batches import LENGTH_SUFFIX, grouped_batches, padded_batches, padded_keys
 from data.features import parse_spec
 from data.pipeline import _IN_ORDER, Stream, _drop, _finished, _registered
-from data.schema import DataError, Feature, FeatureSchema, RecordInfo
+from data.schema import DataError, FeatureSchema, RecordInfo
 
 # The epoch of every eval record's seed: training epochs count from 0, so eval seeds are never training's.
 EVAL_EPOCH = -1
-LENGTH_SUFFIX = "_length"
+# Salts the stream's key for the order of a length-grouped pool's batches, apart from the examples' seeds.
+_GROUP_SALT = 0x67727570
 
 
 def feature_training_dataset(
-    info: RecordInfo, stream: Stream, preprocess, *, resume_from: tuple[int, int] | None = None
+    info: RecordInfo,
+    stream: Stream,
+    preprocess,
+    *,
+    resume_from: tuple[int, ...] | None = None,
+    group_batches: int = 0,
 ) -> tf.data.Dataset:
     """This stream's share of the files (`data.order.training_share`) in the seeded order and shuffle of
     `data.training_dataset`, repeated forever, full batches of stream.batch_size dicts.
@@ -50,6 +57,9 @@ def feature_training_dataset(
             the dataset then starts there and yields (batch, position int64 [2]), the position after the
             batch's last record, and a resume from it continues bit for bit. Without it, batches alone (as
             `data.training_dataset` yields (features, labels) then).
+        group_batches: > 1 groups examples by length (`data.feature_batches.grouped_batches`) in pools of
+            this many batches; positions are then (epoch, record, batches done in the pool), int64 [3], and
+            `resume_from` one of them. 0 or 1: batches in stream order.
 
     Raises:
         DataError: If the stream has an image preprocess, or preprocess's outputs cannot be padded.
@@ -59,13 +69,21 @@ def feature_training_dataset(
     share = order_lib.training_share(info.files, stream.worker_index, stream.num_workers)
     key = augment_lib.stream_key(stream.seed, stream.worker_index)
     read = bad_records.chunk_reader(info)
-    records = order_lib.training_records(share, stream.seed, stream.shuffle_buffer, read, resume_from or (0, 0))
+    grouped = group_batches > 1
+    start = tuple(resume_from or (0, 0, 0)[: 2 + grouped])
+    if len(start) != 2 + grouped:
+        raise DataError(f"resume_from {resume_from} is not a position of this pipeline (group_batches={group_batches})")
+    records = order_lib.training_records(share, stream.seed, stream.shuffle_buffer, read, start[:2])
     # The position (e, i + 1) of `training_records`: the one the image pipeline keys its augmentation on.
     examples = _mapped(records, _example_maker(info.schema, preprocess, key, True))
-    batches = _padded_batches(examples, info.schema, stream.batch_size, _drop(stream, True))
+    if grouped:
+        pool_key = tf.random.experimental.stateless_fold_in(key, _GROUP_SALT)
+        batches = grouped_batches(examples, info.schema, stream.batch_size, group_batches, pool_key, start[2])
+    else:
+        batches = padded_batches(examples, info.schema, stream.batch_size, _drop(stream, True))
     if resume_from is None:
-        return _finished(batches.map(lambda batch, positions: batch))
-    return _finished(batches.map(lambda batch, positions: (batch, positions[-1])))
+        return _finished(batches.map(lambda batch, position: batch))
+    return _finished(batches)
 
 
 def feature_eval_dataset(info: RecordInfo, stream: Stream, preprocess) -> tf.data.Dataset:
@@ -81,8 +99,8 @@ def feature_eval_dataset(info: RecordInfo, stream: Stream, preprocess) -> tf.dat
     records = order_lib.eval_records(info.files, stream.worker_index, stream.num_workers)
     at_eval_epoch = lambda make: lambda index, record: make(EVAL_EPOCH, (index, record))
     examples = _mapped(records.enumerate(), _example_maker(info.schema, preprocess, key, False), at_eval_epoch)
-    batches = _padded_batches(examples, info.schema, stream.batch_size, _drop(stream, False))
-    return _finished(batches.map(lambda batch, positions: batch))
+    batches = padded_batches(examples, info.schema, stream.batch_size, _drop(stream, False))
+    return _finished(batches.map(lambda batch, position: batch))
 
 
 def example_seed(stream_key: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
@@ -110,7 +128,7 @@ def _example_maker(schema: FeatureSchema, preprocess, stream_key: tf.Tensor, tra
         position = tf.stack([tf.cast(epoch, tf.int64), tf.cast(index, tf.int64)])
         example = _checked(schema, tf.io.parse_single_example(serialized, spec))
         outputs = dict(preprocess(example, example_seed(stream_key, position), training=training))
-        padded, found = _padded_keys(schema, outputs)
+        padded, found = padded_keys(schema, outputs)
         problems.extend(found)
         for key in padded:
             if key + LENGTH_SUFFIX in outputs:
@@ -141,63 +159,3 @@ def _checked(schema: FeatureSchema, example: dict) -> dict:
             with tf.control_dependencies([tf.debugging.Assert(length <= feature.max_length, [message, length])]):
                 checked[key] = tf.identity(example[key])
     return checked
-
-
-def _padded_keys(schema: FeatureSchema, outputs: dict) -> tuple[dict[str, Feature], list[str]]:
-    """({output key: the feature it is padded as}, what is wrong), as the module docstring says; `outputs`
-    holds tensors or their specs."""
-    features = schema.as_dict()
-    variable = [key for key, f in schema.features if f.variable]
-    padded, problems = {}, []
-    for key, value in outputs.items():
-        if key in features and features[key].variable:
-            if value.shape.rank != 1:
-                problems.append(f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}, not 1-D")
-            padded[key] = features[key]
-        elif value.shape.rank is None or None in value.shape.as_list():
-            if value.shape.rank != 1 or len(variable) != 1:
-                problems.append(
-                    f"task '{schema.task}': preprocess output '{key}' has shape {value.shape}: only 1-D outputs "
-                    f"may vary in length, named after the variable-length feature they follow ({variable})"
-                )
-            else:
-                padded[key] = features[variable[0]]
-    return padded, problems
-
-
-def _padded_batches(examples: tf.data.Dataset, schema: FeatureSchema, batch_size: int, drop: bool):
-    """(batch dict, positions int64 [B, 2]) batches: each padded output padded with its feature's pad to the
-    batch's longest, then to the smallest bucket that holds it."""
-    outputs, _ = examples.element_spec
-    padded, _ = _padded_keys(schema, outputs)
-    values = {key: _pad_of(padded.get(key), spec.dtype) for key, spec in outputs.items()}
-    batches = examples.padded_batch(batch_size, drop_remainder=drop, padding_values=(values, tf.constant(0, tf.int64)))
-
-    def to_buckets(batch, positions):
-        batch = dict(batch)
-        for key, feature in padded.items():
-            batch[key] = _to_bucket(schema.task, key, feature, batch[key])
-        return batch, positions
-
-    return batches.map(to_buckets, **_IN_ORDER)
-
-
-def _to_bucket(task: str, key: str, feature: Feature, values: tf.Tensor) -> tf.Tensor:
-    """[B, longest] values padded to [B, the smallest bucket >= longest] with the feature's pad."""
-    buckets = tf.constant(feature.buckets, tf.int32)
-    longest = tf.shape(values)[1]
-    index = tf.reduce_sum(tf.cast(buckets < longest, tf.int32))
-    last = feature.buckets[-1]
-    message = f"task {task}: preprocess output {key} is longer than the last bucket of its feature, {last}:"
-    with tf.control_dependencies([tf.debugging.Assert(index < len(feature.buckets), [message, longest])]):
-        target = tf.gather(buckets, tf.minimum(index, len(feature.buckets) - 1))
-    padding = tf.stack([tf.constant([0, 0]), tf.stack([0, target - longest])])
-    return tf.pad(values, padding, constant_values=_pad_of(feature, values.dtype))
-
-
-def _pad_of(feature: Feature | None, dtype: tf.DType) -> tf.Tensor:
-    """The value padding an output of `dtype` (the output's, which preprocess may have cast): its feature's
-    pad, b"" for strings, 0 for an output that is not padded (padded_batch wants one for every component)."""
-    if dtype == tf.string:
-        return tf.constant(b"")
-    return tf.cast(feature.pad if feature is not None else 0, dtype)
