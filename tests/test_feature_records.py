@@ -248,3 +248,39 @@ def test_varying_preprocess_outputs_are_padded_as_the_variable_feature(tmp_path)
 
     with pytest.raises(data.DataError, match=r"preprocess output 'grid' has shape \(None, 2\): only 1-D outputs"):
         data.feature_eval_dataset(info, data.Stream(batch_size=4), grid)
+
+
+def _pool_rows(batches) -> list[tuple[int, tuple[int, ...]]]:
+    rows = [(label, seed) for b in batches for label, seed in zip(b["label"], b["seed"].tolist(), strict=True)]
+    return sorted((int(label), tuple(seed)) for label, seed in rows)
+
+
+@pytest.mark.quick
+def test_length_grouping_sorts_each_pool_and_resumes_mid_pool_exactly(tmp_path):
+    _write_files(tmp_path)  # one stream of 40 records an epoch: the 4th pool of 12 spans two epochs
+    info = _info(tmp_path)
+    stream = data.Stream(batch_size=4, seed=3, shuffle_buffer=8)
+    plain = list(data.feature_training_dataset(info, stream, _with_seed, resume_from=(0, 0)).take(12))
+    grouped = list(
+        data.feature_training_dataset(info, stream, _with_seed, resume_from=(0, 0, 0), group_batches=3).take(12)
+    )
+    plain, plain_at = [_numpy(b) for b, _ in plain], [tuple(p.numpy()) for _, p in plain]
+    batches, positions = [_numpy(b) for b, _ in grouped], [tuple(p.numpy()) for _, p in grouped]
+    orders = []  # each pool's batches by their rank in length
+    for pool in range(4):
+        ours, theirs = batches[3 * pool : 3 * pool + 3], plain[3 * pool : 3 * pool + 3]
+        assert _pool_rows(ours) == _pool_rows(theirs)  # the same examples, with the same seeds
+        lengths = sorted((b["tokens_length"] for b in ours), key=lambda x: x.min())
+        assert np.all(np.diff(np.concatenate(lengths)) >= 0)  # each batch a run of the pool's sorted lengths
+        orders.append([sorted(b.min() for b in lengths).index(b["tokens_length"].min()) for b in ours])
+        start = (0, 0) if pool == 0 else plain_at[3 * pool - 1]
+        assert positions[3 * pool : 3 * pool + 3] == [(*start, 1), (*start, 2), (*plain_at[3 * pool + 2], 0)]
+    assert [b["tokens"].shape[1] for b in batches] == [
+        min(n for n in BUCKETS if n >= b["tokens_length"].max()) for b in batches
+    ]
+    assert orders == [[2, 1, 0], [2, 0, 1], [1, 0, 2], [0, 1, 2]]  # pinned: shuffled, keyed on the pool
+    assert positions[4] == (*plain_at[2], 2)
+    resumed = data.feature_training_dataset(info, stream, _with_seed, resume_from=positions[4], group_batches=3)
+    for (batch, position), same, at in zip(resumed.take(7), batches[5:], positions[5:], strict=True):
+        assert tuple(position.numpy()) == at
+        assert all(np.array_equal(batch[key].numpy(), same[key]) for key in same)
