@@ -70,7 +70,7 @@ def feature_training_dataset(
     key = augment_lib.stream_key(stream.seed, stream.worker_index)
     read = bad_records.chunk_reader(info)
     grouped = group_batches > 1
-    start = tuple(resume_from or (0, 0, 0)[: 2 + grouped])
+    start = (0, 0, 0)[: 2 + grouped] if resume_from is None else tuple(int(v) for v in resume_from)
     if len(start) != 2 + grouped:
         raise DataError(f"resume_from {resume_from} is not a position of this pipeline (group_batches={group_batches})")
     records = order_lib.training_records(share, stream.seed, stream.shuffle_buffer, read, start[:2])
