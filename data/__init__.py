@@ -15,11 +15,13 @@ if TYPE_CHECKING:
     from data.cache import AUTO_CACHE_BYTES, DecodedRecords, estimated_bytes
     from data.check import check_records, find_bad_record
     from data.digits import ensure_digits
+    from data.feature_pipeline import feature_eval_dataset, feature_training_dataset
+    from data.features import check_feature_records, inspect_feature_records
     from data.inspect import inspect_records, list_files
     from data.integrity import BadRecords
     from data.parse import decoded_images, serving_images
     from data.pipeline import Stream, decode_share, eval_dataset, make_dataset, training_dataset
-    from data.writer import write_dense_records, write_image_records
+    from data.writer import write_dense_records, write_feature_records, write_image_records
 
 _LAZY = {
     "AUTO_CACHE_BYTES": "data.cache",
@@ -37,6 +39,11 @@ _LAZY = {
     "training_dataset": "data.pipeline",
     "write_image_records": "data.writer",
     "write_dense_records": "data.writer",
+    "write_feature_records": "data.writer",
+    "check_feature_records": "data.features",
+    "inspect_feature_records": "data.features",
+    "feature_training_dataset": "data.feature_pipeline",
+    "feature_eval_dataset": "data.feature_pipeline",
     "ensure_digits": "data.digits",
     "decoded_images": "data.parse",
     "serving_images": "data.parse",
@@ -55,18 +62,23 @@ __all__ = [
     "ImageSchema",
     "RecordInfo",
     "Stream",
+    "check_feature_records",
     "check_records",
     "decode_share",
     "decoded_images",
     "eval_dataset",
+    "feature_eval_dataset",
+    "feature_training_dataset",
     "ensure_digits",
     "find_bad_record",
+    "inspect_feature_records",
     "inspect_records",
     "list_files",
     "make_dataset",
     "serving_images",
     "training_dataset",
     "write_dense_records",
+    "write_feature_records",
     "write_image_records",
 ]
 

@@ -28,8 +28,8 @@ import sys
 
 import tensorflow as tf
 
-from data import check
-from data.schema import FRAME_BYTES, DataError, DenseSchema, RecordInfo
+from data import check, features
+from data.schema import FRAME_BYTES, DataError, DenseSchema, FeatureSchema, RecordInfo
 
 # Records per chunk of the byte count: one function call (~70 us here) per chunk instead of per record.
 CHUNK = 64
@@ -170,7 +170,7 @@ class BadRecords:
             log(f"the {what} input pipeline failed ({check.first_line(op_error.message)}); reading it again")
         for p in (p for p in self._pipelines if p.training == training):
             # The training pipeline skipped every corrupt record it met (the table holds them): step over them.
-            found = check.find_bad_record(p.info, p.num_classes, skip_corrupt=training)
+            found = _find_bad_record(p, skip_corrupt=training)
             if found is not None:
                 return DataError(f"{what} {found}")
         return None
@@ -190,6 +190,15 @@ class BadRecords:
             if found is not None:
                 return DataError(f"--train_data {found} (training diverged: {diverged})")
         return None
+
+
+def _find_bad_record(pipeline: _Pipeline, skip_corrupt: bool) -> str | None:
+    """The first record of a pipeline's files that stops it, named; a task's records name the task and the
+    feature too."""
+    if isinstance(pipeline.info.schema, FeatureSchema):
+        return features.find_bad_feature_record(pipeline.info, skip_corrupt)
+    found = check.find_bad_record(pipeline.info, pipeline.num_classes, skip_corrupt=skip_corrupt)
+    return None if found is None else str(found)
 
 
 def _op_error(error: BaseException | None) -> tf.errors.OpError | None:

@@ -1,4 +1,5 @@
-"""Writing numpy arrays as sharded TFRecord files in the schemas `data.inspect` recognises."""
+"""Writing numpy arrays as sharded TFRecord files in the schemas `data.inspect` recognises, and a task's own
+feature records (`data.FeatureSchema`) as one file."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import schema as schema_lib
-from data.schema import DataError
+from data.schema import DataError, Feature, FeatureSchema
 
 _IMAGE_FORMATS = ("png", "jpeg")
 _COLORSPACES = {1: b"Grayscale", 3: b"RGB"}
@@ -125,6 +126,52 @@ def write_dense_records(
         )
 
     return _write_shards(path_prefix, num_shards, len(features), serialize)
+
+
+def write_feature_records(path: str, examples: Iterable[dict], schema: FeatureSchema) -> int:
+    """Writes one TFRecord file of tf.train.Examples holding `schema`'s features, in the order given.
+
+    Args:
+        path: The file; missing directories are made.
+        examples: {key: list or np.ndarray} per example, with exactly the schema's keys: a fixed feature
+            holds prod(shape) values (any shape of them), a variable-length one up to its max_length values.
+        schema: The task's record schema.
+
+    Returns:
+        The number of records written.
+
+    Raises:
+        DataError: For a missing or unknown key, or a value count the schema does not allow.
+    """
+    features = schema.as_dict()
+    directory = os.path.dirname(path)
+    if directory:
+        tf.io.gfile.makedirs(directory)
+    count = 0
+    with tf.io.TFRecordWriter(path) as writer:
+        for count, example in enumerate(examples, start=1):
+            if set(example) != set(features):
+                raise DataError(
+                    f"task '{schema.task}': example {count - 1} has keys {sorted(example)}, the schema "
+                    f"{sorted(features)}"
+                )
+            writer.write(_example({key: _feature(schema.task, key, f, example[key]) for key, f in features.items()}))
+    return count
+
+
+def _feature(task: str, key: str, feature: Feature, value) -> tf.train.Feature:
+    """One value of a feature record, its number of values checked against the schema."""
+    values = np.asarray(value).reshape(-1)
+    expected = int(np.prod(feature.shape))
+    if (feature.variable and len(values) > feature.max_length) or (not feature.variable and len(values) != expected):
+        bound = f"at most {feature.max_length}" if feature.variable else f"{expected} (shape {feature.shape})"
+        raise DataError(f"task '{task}': feature '{key}' has {len(values)} values, the schema allows {bound}")
+    if feature.dtype == "int64":
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values.astype(np.int64)))
+    if feature.dtype == "float32":
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values.astype(np.float32)))
+    strings = [v if isinstance(v, bytes) else str(v).encode() for v in values.tolist()]
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=strings))
 
 
 def _check_labels(labels: np.ndarray, num_examples: int) -> np.ndarray:
