@@ -58,11 +58,12 @@ def test_char_split_windows_and_vocab(tmp_path):
 @pytest.mark.quick
 def test_every_target_once_per_epoch(tmp_path):
     text = "the quick brown fox jumps over the lazy dog. " * 5
-    info, train, _ = _prepare(tmp_path, text, "--tokens=char", "--context=6")
+    info, train, _ = _prepare(tmp_path, text, "--tokens=char", "--context=3")
     targets = [token for record in train for token in record[1:]]
     ids = [info["chars"].index(c) for c in text[: info["train_tokens"]]]
     assert targets == ids[1:]  # each train token after the first is a target exactly once
-    assert max(len(r) for r in train) == 7 and min(len(r) for r in train) >= 2
+    # 202 train tokens: 201 targets in 67 windows of 4; no window of 1 token (nothing to predict) after them.
+    assert [len(r) for r in train] == [4] * 67
 
 
 @pytest.mark.quick
@@ -122,11 +123,15 @@ def test_default_corpus_is_pythons_topics():
 
 
 @pytest.mark.quick
-def test_ensure_default_lm_data_builds_once(tmp_path):
+def test_ensure_default_lm_data_builds_once(tmp_path, monkeypatch):
     train_glob, eval_glob, vocab_path = text_data.ensure_default_lm_data(32, "char", cache_dir=str(tmp_path))
     stamp = os.stat(vocab_path).st_mtime_ns
+    monkeypatch.setattr(text_data, "write_records", None)  # a second build would fail calling it
     assert text_data.ensure_default_lm_data(32, "char", cache_dir=str(tmp_path)) == (train_glob, eval_glob, vocab_path)
-    assert os.stat(vocab_path).st_mtime_ns == stamp  # not rebuilt
+    assert os.stat(vocab_path).st_mtime_ns == stamp
+    monkeypatch.undo()
+    other = text_data.ensure_default_lm_data(16, "byte", cache_dir=str(tmp_path))[2]
+    assert os.path.dirname(other) != os.path.dirname(vocab_path) and text_data.read_vocab(other)["context"] == 16
     info = text_data.read_vocab(vocab_path)
     text, sha256 = text_data.default_corpus()
     assert info["source_sha256"] == sha256 and sha256[:16] in os.path.dirname(vocab_path)
