@@ -19,6 +19,7 @@ import math
 import os
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from data import list_files
@@ -99,7 +100,7 @@ class LanguageModel(Task):
         logits = tf.cast(outputs, tf.float32)
         losses, weights = self.loss(logits, batch)
         targets, _ = _targets(batch)
-        target_bytes = tf.gather(self._bytes_per_token, targets) * weights
+        target_bytes = tf.gather(tf.constant(self._bytes_per_token), targets) * weights
         hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets), tf.float32)
         return {
             "bits_per_byte": (tf.reduce_sum(losses * weights) / math.log(2.0), tf.reduce_sum(target_bytes)),
@@ -110,11 +111,13 @@ class LanguageModel(Task):
         return {"perplexity": math.exp(min(totals["loss"], 700.0))}  # exp overflows a float past ~709
 
     @functools.cached_property
-    def _bytes_per_token(self) -> tf.Tensor:
-        """UTF-8 bytes each token stands for (float32 [vocab]): 1 for byte tokens, each character's for char."""
+    def _bytes_per_token(self) -> np.ndarray:
+        """UTF-8 bytes each token stands for (float32 [vocab]): 1 for byte tokens, each character's for char.
+        Kept as numpy, not a tensor: a tensor made while the engine traces a tf.function would belong to that
+        graph, and the next trace could not use it."""
         if self.vocab["tokens"] == "byte":
-            return tf.ones([256], tf.float32)
-        return tf.constant([len(c.encode("utf-8")) for c in self.vocab["chars"]], tf.float32)
+            return np.ones([256], np.float32)
+        return np.array([len(c.encode("utf-8")) for c in self.vocab["chars"]], np.float32)
 
     # --- serving ---------------------------------------------------------------------------------------------
 

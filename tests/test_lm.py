@@ -176,6 +176,17 @@ def test_loss_and_metrics_match_numpy(tmp_path):
 
 
 @pytest.mark.quick
+def test_metrics_trace_in_several_functions(tmp_path):
+    """The engine traces the metrics once per graph (train, eval, every bucket's shape): nothing a trace makes
+    may be kept for the next one."""
+    task = LanguageModel(_config(tmp_path))
+    logits = tf.zeros((3, 4, 7))
+    first = tf.function(lambda x, b: task.metrics(x, b))(logits, _batch())
+    second = tf.function(lambda x, b: task.metrics(x, b))(logits, _batch())
+    assert float(first["bits_per_byte"][1]) == float(second["bits_per_byte"][1]) == 20.0
+
+
+@pytest.mark.quick
 def test_byte_tokens_count_one_byte_each(tmp_path):
     task = LanguageModel(_config(tmp_path, tokens="byte"))
     logits = tf.zeros((3, 4, 256))
