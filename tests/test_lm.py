@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from data import DataError
 from models.registry import ModelError
-from models.transformer import attention_mask, parameter_count, transformer_lm
+from models.transformer import attention_mask, parameter_count, rotary, transformer_lm
 from tasks import sample
 from tasks.lm import LanguageModel
 
@@ -60,6 +60,29 @@ def test_padding_does_not_change_real_positions(positions):
     moved[0, 6] = (moved[0, 6] + 1) % 7
     np.testing.assert_array_equal(model((ids, lengths)).numpy()[0, 7], model((moved, lengths)).numpy()[0, 7])
     assert not np.array_equal(model(ids).numpy()[0, 7], model(moved).numpy()[0, 7])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_positions_are_seen(positions):
+    """One causal attention layer alone is blind to the order of what it sees (two layers are not: causality
+    tells them apart): swapping the first two tokens would leave the last position's logits as they were. The
+    positions (learned, or rotary inside attention) must move them."""
+    keras.utils.set_random_seed(0)
+    model = transformer_lm(7, layers=1, heads=2, width=8, context=8, positions=positions)
+    ids, swapped = np.array([[1, 2, 3]], np.int32), np.array([[2, 1, 3]], np.int32)
+    assert np.abs(model(ids).numpy()[0, 2] - model(swapped).numpy()[0, 2]).max() > 1e-4
+
+
+@pytest.mark.quick
+def test_rotary_scores_depend_on_the_offset_only():
+    rng = np.random.default_rng(4)
+    q, k = (np.repeat(rng.normal(size=(1, 1, 1, 8)), 6, axis=2).astype(np.float32) for _ in range(2))
+    rq, rk = rotary(q).numpy()[0, 0], rotary(k).numpy()[0, 0]  # the same vectors at positions 0..5
+    np.testing.assert_allclose(rq[3] @ rk[1], rq[5] @ rk[3], rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(rq, axis=-1), np.linalg.norm(q[0, 0], axis=-1), rtol=1e-5)
+    assert abs(rq[3] @ rk[1] - rq[3] @ rk[2]) > 1e-3
+    np.testing.assert_array_equal(rq[0], q[0, 0, 0])  # position 0 is not turned
 
 
 @pytest.mark.quick
