@@ -7,6 +7,8 @@ import glob
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
@@ -139,3 +141,23 @@ def test_ensure_default_lm_data_builds_once(tmp_path, monkeypatch):
     assert info["records"]["train"] == -(-(info["train_tokens"] - 1) // 32)
     assert len(glob.glob(train_glob)) == 4 and len(glob.glob(eval_glob)) == 1
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # no building dir left
+
+
+@pytest.mark.quick
+def test_bad_arguments_fail_before_tensorflow(tmp_path):
+    argv = ["text", str(tmp_path / "missing.txt"), str(tmp_path / "out"), "--tokens=char"]
+    code = (
+        f"import sys; from data import prepare; code = prepare.main({argv!r}); "
+        "assert 'tensorflow' not in sys.modules, 'imported'; sys.exit(code)"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "missing.txt does not exist" in result.stderr
