@@ -1,13 +1,15 @@
-"""Writes ready-to-train TFRecords: `python -m data.prepare {digits,synthetic} OUT_DIR [options]`.
+"""Writes ready-to-train TFRecords: `python -m data.prepare {digits,synthetic,text} ... OUT_DIR [options]`.
 
     python -m data.prepare digits /tmp/digits
     python -m data.prepare synthetic /tmp/synth --shape=32,32,3 --num_classes=10 --num_examples=5000
     python -m data.prepare synthetic /tmp/dense --shape=20 --num_classes=4 --num_examples=1000
     python -m data.prepare synthetic /tmp/jpeg --format=jpeg --shape=375,500,3 --num_classes=1000 --num_examples=512
+    python -m data.prepare text input.txt /tmp/shakespeare --tokens=char --context=256
 
 Each writes OUT_DIR/train-*-of-*, OUT_DIR/eval-*-of-* and OUT_DIR/info.json (counts, shape, num_classes,
-schema kind), and prints the two globs to pass as --train_data and --eval_data. Arguments are checked
-before TensorFlow is imported, so a typo fails in milliseconds with exit code 2.
+schema kind; `text` writes vocab.json instead, see data/text.py), and prints the two globs to pass as
+--train_data and --eval_data. Arguments are checked before TensorFlow is imported, so a typo fails in
+milliseconds with exit code 2.
 """
 
 from __future__ import annotations
@@ -54,7 +56,25 @@ def _parser() -> argparse.ArgumentParser:
         "~100 KB at 500x375)",
     )
     synthetic.add_argument("--seed", type=int, default=0)
+    text = commands.add_parser("text", help="UTF-8 text files -> token records for --task=lm (data/text.py)")
+    text.add_argument("files", nargs="+", metavar="FILES", help="UTF-8 text files, concatenated in this order")
+    text.add_argument("out_dir", metavar="OUT")
+    text.add_argument("--tokens", choices=("char", "byte"), required=True)
+    text.add_argument("--context", type=int, default=64, help="tokens the model sees; records hold up to +1")
+    text.add_argument("--eval_fraction", type=float, default=0.1, help="the text's last share, held out")
+    text.add_argument("--documents", choices=("none", "paragraphs"), default="none")
     return parser
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    """Rejects bad values with one line (DataError), before TensorFlow is imported."""
+    if args.context < 1:
+        raise DataError(f"--context ({args.context}) must be >= 1")
+    if not 0.0 < args.eval_fraction < 1.0:
+        raise DataError(f"--eval_fraction ({args.eval_fraction}) must be in (0, 1)")
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise DataError(f"text file {path} does not exist; give UTF-8 text files before OUT")
 
 
 def _check_synthetic(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -124,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             from data import digits
 
             train_glob, eval_glob = digits.write_digits(args.out_dir)
+        elif args.command == "text":
+            from data import text
+
+            _check_text(args)
+            train_glob, eval_glob, _ = text.write_text_records(
+                args.files, args.out_dir, args.tokens, args.context, args.eval_fraction, args.documents
+            )
         else:
             train_glob, eval_glob = _write_synthetic(args)
     except DataError as e:

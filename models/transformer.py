@@ -1,0 +1,189 @@
+"""``transformer_lm``: a decoder-only Transformer language model (GPT-2 / nanoGPT layout), for `tasks.lm`.
+
+Not in the registry: a registered builder maps (input_shape, num_classes) to logits [B, C], and a language
+model maps token ids [B, T] to logits [B, T, vocab]. Build it with ``transformer_lm(...)``.
+
+    model = transformer_lm(vocab_size=65, layers=4, heads=4, width=128, context=64)
+    logits = model(ids)                  # ids int32 [B, T], T <= context: every position real
+    logits = model((ids, lengths))       # lengths int32 [B]: positions >= length are padding
+
+Layout: token embedding (+ learned positions, or rotary positions applied to queries and keys), ``layers``
+pre-LayerNorm blocks (causal self-attention, then a GELU MLP of 4x width), a final LayerNorm and an untied
+linear head without bias (nanoGPT ties the head to the embedding; untied keeps each variable one layer's).
+Attention is this module's own: rotary positions act between the projection and the scores, which
+``keras.layers.MultiHeadAttention`` does not expose. A padding key is never attended to, so the logits at
+real positions do not depend on what padding holds. Logits are float32 whatever the dtype policy (under
+mixed precision the blocks compute in 16 bits; the head's output is cast, as the trainer does for the
+registry's models).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from models.common import NamedDropout
+from models.registry import ModelError
+
+POSITIONS = ("learned", "rotary")
+_MASKED = -1e9  # added to a masked score in float32; exp() of it is 0, and a row never is all masked
+
+
+def transformer_lm(
+    vocab_size: int,
+    layers: int = 4,
+    heads: int = 4,
+    width: int = 128,
+    context: int = 64,
+    positions: str = "learned",
+    dropout: float = 0.0,
+) -> keras.Model:
+    """Builds the language model (its variables exist).
+
+    Args:
+      vocab_size: Tokens in the vocabulary (logits per position).
+      layers: Transformer blocks.
+      heads: Attention heads per block; must divide ``width`` (and leave an even head size for rotary).
+      width: The residual stream's size (embedding dimension); the MLP is 4x this.
+      context: The longest sequence the model takes (learned positions have this many rows).
+      positions: "learned" (absolute embeddings, GPT-2) or "rotary" (RoPE on queries and keys, no weights).
+      dropout: Dropout rate after attention weights, each residual branch and the embeddings (training only).
+
+    Returns:
+      A built ``TransformerLM``: ids int32 [B, T] or (ids, lengths int32 [B]) -> logits float32 [B, T, vocab].
+
+    Raises:
+      ModelError: For a size that is not positive, heads not dividing width, an odd rotary head size, an
+        unknown ``positions`` or a dropout rate outside [0, 1).
+    """
+    _check_sizes(vocab_size, layers, heads, width, context, positions, dropout)
+    model = TransformerLM(vocab_size, layers, heads, width, context, positions, dropout, name="transformer_lm")
+    length = min(2, context)  # 1 token would make Keras warn about a softmax over one value
+    model((ops.zeros((1, length), "int32"), ops.full((1,), length, "int32")))  # creates the variables
+    return model
+
+
+def parameter_count(vocab_size: int, layers: int, width: int, context: int, positions: str) -> int:
+    """The number of weights ``transformer_lm`` makes: embedding V*W, learned positions C*W, per block
+    12*W^2 + 13*W (q, k, v, out projections with biases; the MLP's two; two LayerNorms), the final LayerNorm
+    2*W and the head W*V."""
+    position_weights = context * width if positions == "learned" else 0
+    return 2 * vocab_size * width + position_weights + layers * (12 * width * width + 13 * width) + 2 * width
+
+
+def _check_sizes(vocab_size, layers_, heads, width, context, positions, dropout) -> None:
+    sizes = {"vocab_size": vocab_size, "layers": layers_, "heads": heads, "width": width, "context": context}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value < 1:
+            raise ModelError(f"transformer_lm: {name} ({value!r}) must be a positive integer")
+    if positions not in POSITIONS:
+        raise ModelError(f"transformer_lm: positions {positions!r} must be one of {', '.join(POSITIONS)}")
+    if width % heads:
+        raise ModelError(f"transformer_lm: heads ({heads}) must divide width ({width})")
+    if positions == "rotary" and (width // heads) % 2:
+        raise ModelError(f"transformer_lm: rotary positions need an even head size; width/heads = {width // heads}")
+    if not 0 <= dropout < 1:
+        raise ModelError(f"transformer_lm: dropout ({dropout}) must be in [0, 1)")
+
+
+@keras.saving.register_keras_serializable(package="towerflow")
+class TransformerLM(keras.Model):
+    """The decoder-only Transformer; see the module docstring. Build it with ``transformer_lm``."""
+
+    def __init__(self, vocab_size, layers_, heads, width, context, positions, dropout, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size, self.context, self.positions = vocab_size, context, positions
+        self.token_embedding = layers.Embedding(vocab_size, width, name="token_embedding")
+        self.position_embedding = (
+            layers.Embedding(context, width, name="position_embedding") if positions == "learned" else None
+        )
+        self.embedding_dropout = NamedDropout(dropout, name="embedding_dropout")
+        rotary = positions == "rotary"
+        self.blocks = [Block(heads, width, dropout, rotary, name=f"block_{i}") for i in range(layers_)]
+        self.final_norm = layers.LayerNormalization(epsilon=1e-5, name="final_norm")
+        self.head = layers.Dense(vocab_size, use_bias=False, name="head")
+
+    def call(self, inputs, training=False):
+        ids, lengths = inputs if isinstance(inputs, (tuple, list)) else (inputs, None)
+        length = ops.shape(ids)[1]
+        if isinstance(length, int) and length > self.context:
+            raise ModelError(f"transformer_lm: {length} tokens exceed the context ({self.context})")
+        x = ops.cast(self.token_embedding(ids), self.compute_dtype)
+        if self.position_embedding is not None:
+            x = x + ops.cast(self.position_embedding(ops.arange(length)), self.compute_dtype)[None]
+        x = self.embedding_dropout(x, training=training)
+        mask = attention_mask(length, lengths)
+        for block in self.blocks:
+            x = block(x, mask, training=training)
+        return ops.cast(self.head(self.final_norm(x)), "float32")
+
+
+def attention_mask(length, lengths=None):
+    """Which keys each query may see: bool [1 or B, 1, T, T], True where key <= query and key < length.
+
+    A query at a padding position still sees the real keys before it, so no row is empty (length >= 1)."""
+    positions = ops.arange(length)
+    causal = positions[None, :] <= positions[:, None]  # [query, key]
+    if lengths is None:
+        return causal[None, None]
+    real_keys = positions[None, :] < ops.cast(lengths, "int32")[:, None]  # [B, key]
+    return ops.logical_and(causal[None, None], real_keys[:, None, None, :])
+
+
+class Block(layers.Layer):
+    """x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)) (pre-LayerNorm, as GPT-2)."""
+
+    def __init__(self, heads, width, dropout, rotary, **kwargs):
+        super().__init__(**kwargs)
+        self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
+        self.attention = CausalSelfAttention(heads, width, dropout, rotary, name="attention")
+        self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
+        self.mlp_in = layers.Dense(4 * width, activation="gelu", name="mlp_in")
+        self.mlp_out = layers.Dense(width, name="mlp_out")
+        self.mlp_dropout = NamedDropout(dropout, name="mlp_dropout")
+
+    def call(self, x, mask, training=False):
+        x = x + self.attention(self.attention_norm(x), mask, training=training)
+        return x + self.mlp_dropout(self.mlp_out(self.mlp_in(self.mlp_norm(x))), training=training)
+
+
+class CausalSelfAttention(layers.Layer):
+    """Multi-head self-attention with a given key mask; rotary positions on queries and keys if asked."""
+
+    def __init__(self, heads, width, dropout, rotary, **kwargs):
+        super().__init__(**kwargs)
+        self.heads, self.head_size, self.rotary = heads, width // heads, rotary
+        self.query = layers.Dense(width, name="query")
+        self.key = layers.Dense(width, name="key")
+        self.value = layers.Dense(width, name="value")
+        self.output_projection = layers.Dense(width, name="output")
+        self.weights_dropout = NamedDropout(dropout, name="weights_dropout")
+        self.output_dropout = NamedDropout(dropout, name="output_dropout")
+
+    def call(self, x, mask, training=False):
+        q, k, v = (self._split_heads(projection(x)) for projection in (self.query, self.key, self.value))
+        if self.rotary:
+            q, k = rotary(q), rotary(k)
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k) * (self.head_size**-0.5)  # (B, nh, T, T)
+        # Softmax in float32 (mixed precision): 16-bit scores lose the small weights.
+        scores = ops.where(mask, ops.cast(scores, "float32"), _MASKED)
+        weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+        weights = self.weights_dropout(weights, training=training)
+        out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # (B, T, nh, hs)
+        out = ops.reshape(out, (ops.shape(x)[0], ops.shape(x)[1], self.heads * self.head_size))
+        return self.output_dropout(self.output_projection(out), training=training)
+
+    def _split_heads(self, x):
+        shape = ops.shape(x)
+        return ops.transpose(ops.reshape(x, (shape[0], shape[1], self.heads, self.head_size)), (0, 2, 1, 3))
+
+
+def rotary(x, base: float = 10000.0):
+    """Rotary position embedding (RoPE, GPT-NeoX's half-split form) of x [B, heads, T, head_size]: the pair
+    (x[i], x[i + d/2]) at position t is turned by the angle t * base^(-2i/d), so q.k depends on the offset."""
+    half = x.shape[-1] // 2
+    inverse = ops.power(base, -ops.arange(half, dtype="float32") * (2.0 / x.shape[-1]))
+    angles = ops.cast(ops.arange(ops.shape(x)[2]), "float32")[:, None] * inverse[None, :]  # (T, d/2)
+    cos, sin = (ops.cast(f(angles), x.dtype) for f in (ops.cos, ops.sin))
+    first, second = x[..., :half], x[..., half:]
+    return ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)

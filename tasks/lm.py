@@ -1,0 +1,152 @@
+"""`--task=lm`: next-token prediction over text records with a decoder-only Transformer.
+
+Records hold one int64 list `tokens` of up to context + 1 ids (`python -m data.prepare text`, data/text.py);
+the model sees tokens[:-1] and predicts tokens[1:]. The loss is per target token (padding weighs 0), so the
+engine's division by the summed weights makes it the mean over the batch's real tokens. Metrics:
+`bits_per_byte` (the loss in bits over the UTF-8 bytes the targets stand for: comparable between char and
+byte tokens) and `accuracy` (next-token arg-max hits); eval adds `perplexity`.
+
+Options come from `config.task`: `layers` (4), `heads` (4), `width` (128), `context` (64), `positions`
+("learned"), `dropout` (0.0). The vocabulary is vocab.json next to the first training file, or the default
+corpus's (data.text.ensure_default_lm_data, `char` tokens) when no --train_data is given. Nothing random
+happens per example.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from data import list_files
+from data import text as text_data
+from data.schema import DataError, Feature
+from models.transformer import transformer_lm
+from tasks.base import Task
+
+DEFAULT_TOKENS = "char"  # the default corpus's tokens (nanoGPT's shakespeare_char); own records say their own
+
+
+class LanguageModel(Task):
+    """A character- or byte-level language model; see the module docstring."""
+
+    name = "lm"
+    eval_metric = "loss"
+
+    def __init__(self, config):
+        super().__init__(config)
+        options = config.task
+        self.layers, self.heads, self.width = int(options.layers), int(options.heads), int(options.width)
+        self.context, self.positions = int(options.context), str(options.positions)
+        self.dropout = float(options.dropout)
+        if self.context < 1:
+            raise DataError(f"task lm: context ({self.context}) must be >= 1")
+
+    # --- records ---------------------------------------------------------------------------------------------
+
+    def features(self) -> dict[str, Feature]:
+        return {text_data.TOKENS_KEY: Feature("int64", max_length=self.context + 1)}
+
+    def preprocess(self, example, seed, training):
+        del seed, training  # every record is used whole: nothing random
+        return {text_data.TOKENS_KEY: tf.cast(example[text_data.TOKENS_KEY], tf.int32)}
+
+    def default_data(self) -> tuple[str, str]:
+        train_glob, eval_glob, _ = text_data.ensure_default_lm_data(self.context, DEFAULT_TOKENS)
+        return train_glob, eval_glob
+
+    @functools.cached_property
+    def vocab(self) -> dict:
+        """vocab.json of the training records (data.text.read_vocab), checked against the context."""
+        train_data = getattr(self.config.data, "train_data", None)
+        if train_data:
+            files = list_files(train_data, what="train_data")
+            path = os.path.join(os.path.dirname(files[0]), text_data.VOCAB_FILE)
+        else:
+            path = text_data.ensure_default_lm_data(self.context, DEFAULT_TOKENS)[2]
+        vocab = text_data.read_vocab(path)
+        if vocab["context"] > self.context:
+            raise DataError(
+                f"task lm: {path} says the records were written for context {vocab['context']}, longer than the "
+                f"task's context ({self.context}); raise the context or rewrite the records"
+            )
+        return vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab["chars"]) if self.vocab["tokens"] == "char" else 256
+
+    # --- model and objective ---------------------------------------------------------------------------------
+
+    def build_model(self) -> keras.Model:
+        return transformer_lm(
+            self.vocab_size, self.layers, self.heads, self.width, self.context, self.positions, self.dropout
+        )
+
+    def model_inputs(self, batch):
+        tokens = batch[text_data.TOKENS_KEY]
+        return tokens[:, :-1], batch[text_data.TOKENS_KEY + "_length"] - 1
+
+    def loss(self, outputs, batch):
+        targets, weights = _targets(batch)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=tf.cast(outputs, tf.float32))
+        return losses, weights
+
+    def metrics(self, outputs, batch):
+        logits = tf.cast(outputs, tf.float32)
+        losses, weights = self.loss(logits, batch)
+        targets, _ = _targets(batch)
+        target_bytes = tf.gather(tf.constant(self._bytes_per_token), targets) * weights
+        hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets), tf.float32)
+        return {
+            "bits_per_byte": (tf.reduce_sum(losses * weights) / math.log(2.0), tf.reduce_sum(target_bytes)),
+            "accuracy": (tf.reduce_sum(hits * weights), tf.reduce_sum(weights)),
+        }
+
+    def eval_metrics(self, totals):
+        return {"perplexity": math.exp(min(totals["loss"], 700.0))}  # exp overflows a float past ~709
+
+    @functools.cached_property
+    def _bytes_per_token(self) -> np.ndarray:
+        """UTF-8 bytes each token stands for (float32 [vocab]): 1 for byte tokens, each character's for char.
+        Kept as numpy, not a tensor: a tensor made while the engine traces a tf.function would belong to that
+        graph, and the next trace could not use it."""
+        if self.vocab["tokens"] == "byte":
+            return np.ones([256], np.float32)
+        return np.array([len(c.encode("utf-8")) for c in self.vocab["chars"]], np.float32)
+
+    # --- serving ---------------------------------------------------------------------------------------------
+
+    def serving(self, model):
+        tokens = tf.TensorSpec([None, None], tf.int32, name="tokens")
+        lengths = tf.TensorSpec([None], tf.int32, name="lengths")
+
+        def all_logits(tokens):
+            return {"logits": tf.cast(model(tokens, training=False), tf.float32)}
+
+        def next_token(tokens, lengths):
+            logits = tf.cast(model((tokens, lengths), training=False), tf.float32)
+            return {"logits": tf.gather(logits, lengths - 1, batch_dims=1)}  # [B, vocab] at each last real token
+
+        return {"serving_default": (all_logits, [tokens]), "next_token": (next_token, [tokens, lengths])}
+
+    def describe(self) -> dict:
+        """run.json's `task` entry; `python -m tasks.sample` reads tokens, vocab and context from it."""
+        return {
+            "source_sha256": self.vocab.get("source_sha256"),
+            "tokens": self.vocab["tokens"],
+            "vocab_size": self.vocab_size,
+            "vocab": self.vocab.get("chars"),
+            "context": self.context,
+        }
+
+
+def _targets(batch) -> tuple[tf.Tensor, tf.Tensor]:
+    """(tokens[:, 1:], float32 weights: 1 where the target is real, i.e. position < tokens_length - 1)."""
+    targets = batch[text_data.TOKENS_KEY][:, 1:]
+    lengths = batch[text_data.TOKENS_KEY + "_length"] - 1
+    return targets, tf.sequence_mask(lengths, tf.shape(targets)[1], dtype=tf.float32)

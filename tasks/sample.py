@@ -1,0 +1,161 @@
+"""Samples text from a trained language model: `python -m tasks.sample RUN_DIR [options]`.
+
+    python -m tasks.sample /tmp/run --prompt "The " --tokens 200 --seed 1 --temperature 0.8 --top_k 20
+
+Loads the newest SavedModel under RUN_DIR/export/<step>/ (the largest all-digit directory: the engine's
+layout, trainer/outputs/export.py) with `tf.saved_model.load`, and calls its `next_token` signature
+(tokens int32 [1, T], lengths int32 [1] -> logits [1, vocab]) on the last `context` tokens, once per new
+token. The vocabulary is RUN_DIR/run.json's `task` entry (`tasks.lm.LanguageModel.describe()`), keys:
+`tokens` ("char" or "byte"), `vocab` (the characters, for char tokens) and `context`. Draws are stateless,
+seeded by (--seed, token index): the same seed prints the same text. Prints the prompt and what follows.
+A bad RUN_DIR, a missing export or run.json, or a prompt outside the vocabulary: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+RUN_FILE = "run.json"
+SIGNATURE = "next_token"
+
+
+class SampleError(ValueError):
+    """A run directory or prompt the sampler cannot use; the message says what to change."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tasks.sample", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="> 0; lower is more conservative")
+    parser.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest tokens; 0: all")
+    return parser
+
+
+def newest_export(run_dir: str) -> str:
+    """RUN_DIR/export/<largest step>/.
+
+    Raises:
+        SampleError: When RUN_DIR or its export/<step>/ directories are missing.
+    """
+    if not os.path.isdir(run_dir):
+        raise SampleError(f"run directory {run_dir} does not exist")
+    base = os.path.join(run_dir, "export")
+    steps = sorted(int(name) for name in os.listdir(base) if name.isdigit()) if os.path.isdir(base) else []
+    if not steps:
+        raise SampleError(f"{run_dir} has no export/<step>/ SavedModel; train the run with its export on")
+    return os.path.join(base, str(steps[-1]))
+
+
+def read_vocabulary(run_dir: str) -> dict:
+    """run.json's `task` entry: {"tokens": "char"|"byte", "vocab": [chars] (char), "context": int}.
+
+    Raises:
+        SampleError: When run.json is missing, unreadable or lacks those keys.
+    """
+    path = os.path.join(run_dir, RUN_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            task = json.load(f).get("task")
+    except (OSError, ValueError, AttributeError) as e:
+        raise SampleError(f"cannot read {path}: {e}") from None
+    ok = isinstance(task, dict) and task.get("tokens") in ("char", "byte") and isinstance(task.get("context"), int)
+    if ok and task["tokens"] == "char":
+        ok = isinstance(task.get("vocab"), list) and len(task["vocab"]) > 0
+    if not ok:
+        raise SampleError(f"{path} has no language-model 'task' entry (tokens, vocab, context): not a --task=lm run")
+    return task
+
+
+def encode(text: str, task: dict) -> list[int]:
+    """Token ids of `text` in the run's vocabulary.
+
+    Raises:
+        SampleError: For an empty text or a character the vocabulary lacks.
+    """
+    if task["tokens"] == "byte":
+        ids = list(text.encode("utf-8"))
+    else:
+        index = {c: i for i, c in enumerate(task["vocab"])}
+        missing = sorted({c for c in text if c not in index})
+        if missing:
+            raise SampleError(f"--prompt has characters the vocabulary lacks: {''.join(missing)!r}")
+        ids = [index[c] for c in text]
+    if not ids:
+        raise SampleError("--prompt is empty; give at least one character")
+    return ids
+
+
+def decode(ids: list[int], task: dict) -> str:
+    """Text of token ids (bytes that are not whole UTF-8 characters become U+FFFD)."""
+    if task["tokens"] == "byte":
+        return bytes(ids).decode("utf-8", errors="replace")
+    return "".join(task["vocab"][i] for i in ids)
+
+
+def sample(next_token, prompt: list[int], count: int, context: int, seed: int, temperature: float, top_k: int):
+    """`prompt` followed by `count` sampled token ids.
+
+    Args:
+        next_token: The SavedModel's `next_token` signature.
+        prompt: Token ids to start from (at least one).
+        count: Tokens to add.
+        context: The model's longest input: only the last `context` tokens are fed.
+        seed: The stateless seed's first half; the second is the token's index.
+        temperature: Logits are divided by it (> 0).
+        top_k: Keep only the k largest logits (0: all).
+    """
+    import tensorflow as tf
+
+    ids = list(prompt)
+    for index in range(count):
+        window = ids[-context:]
+        outputs = next_token(tokens=tf.constant([window], tf.int32), lengths=tf.constant([len(window)], tf.int32))
+        logits = outputs["logits"] / temperature
+        if top_k:
+            kth = tf.math.top_k(logits, k=min(top_k, logits.shape[-1])).values[:, -1:]
+            logits = tf.where(logits < kth, tf.constant(-float("inf"), logits.dtype), logits)
+        draw = tf.random.stateless_categorical(logits, 1, seed=tf.constant([seed, index], tf.int64))
+        ids.append(int(draw[0, 0]))
+    return ids
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.tokens < 0:
+        raise SampleError(f"--tokens ({args.tokens}) must be >= 0")
+    if not args.temperature > 0:
+        raise SampleError(f"--temperature ({args.temperature}) must be > 0")
+    if args.top_k < 0:
+        raise SampleError(f"--top_k ({args.top_k}) must be >= 0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit code (0, or 2 with one line on stderr)."""
+    args = _parser().parse_args(argv)
+    try:
+        _check(args)
+        export = newest_export(args.run_dir)
+        task = read_vocabulary(args.run_dir)
+        prompt = encode(args.prompt, task)
+        import tensorflow as tf  # only once the run directory is known to be good
+
+        loaded = tf.saved_model.load(export)
+        if SIGNATURE not in loaded.signatures:
+            raise SampleError(f"{export} has no '{SIGNATURE}' signature; was it a --task=lm run?")
+        ids = sample(
+            loaded.signatures[SIGNATURE], prompt, args.tokens, task["context"], args.seed, args.temperature, args.top_k
+        )
+    except SampleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(decode(ids, task))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
