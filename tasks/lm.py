@@ -35,6 +35,7 @@ class LanguageModel(Task):
     """A character- or byte-level language model; see the module docstring."""
 
     name = "lm"
+    metric_names = ("bits_per_byte", "accuracy")
     eval_metric = "loss"
 
     def __init__(self, config):

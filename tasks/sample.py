@@ -5,8 +5,9 @@
 Loads the newest SavedModel under RUN_DIR/export/<step>/ (the largest all-digit directory: the engine's
 layout, trainer/outputs/export.py) with `tf.saved_model.load`, and calls its `next_token` signature
 (tokens int32 [1, T], lengths int32 [1] -> logits [1, vocab]) on the last `context` tokens, once per new
-token. The vocabulary is RUN_DIR/run.json's `task` entry (`tasks.lm.LanguageModel.describe()`), keys:
-`tokens` ("char" or "byte"), `vocab` (the characters, for char tokens) and `context`. Draws are stateless,
+token. The vocabulary is in RUN_DIR/run.json, where the engine records the task's `describe()`
+(`tasks.lm.LanguageModel.describe()`) as `task.<key>`: `task.tokens` ("char" or "byte"), `task.vocab` (the
+characters, for char tokens) and `task.context`. Draws are stateless,
 seeded by (--seed, token index): the same seed prints the same text. Prints the prompt and what follows.
 A bad RUN_DIR, a missing export or run.json, or a prompt outside the vocabulary: one line, exit 2.
 """
@@ -53,7 +54,7 @@ def newest_export(run_dir: str) -> str:
 
 
 def read_vocabulary(run_dir: str) -> dict:
-    """run.json's `task` entry: {"tokens": "char"|"byte", "vocab": [chars] (char), "context": int}.
+    """run.json's `task.*` entries: {"tokens": "char"|"byte", "vocab": [chars] (char), "context": int}.
 
     Raises:
         SampleError: When run.json is missing, unreadable or lacks those keys.
@@ -61,14 +62,14 @@ def read_vocabulary(run_dir: str) -> dict:
     path = os.path.join(run_dir, RUN_FILE)
     try:
         with open(path, encoding="utf-8") as f:
-            task = json.load(f).get("task")
+            task = {k[len("task.") :]: v for k, v in json.load(f).items() if k.startswith("task.")}
     except (OSError, ValueError, AttributeError) as e:
         raise SampleError(f"cannot read {path}: {e}") from None
     ok = isinstance(task, dict) and task.get("tokens") in ("char", "byte") and isinstance(task.get("context"), int)
     if ok and task["tokens"] == "char":
         ok = isinstance(task.get("vocab"), list) and len(task["vocab"]) > 0
     if not ok:
-        raise SampleError(f"{path} has no language-model 'task' entry (tokens, vocab, context): not a --task=lm run")
+        raise SampleError(f"{path} has no task.tokens, task.vocab and task.context: not a --task=lm run")
     return task
 
 

@@ -264,7 +264,7 @@ def test_bad_vocab_is_one_line_naming_the_file(tmp_path, damage, message):
 
 
 def _export_run(run_dir, task, model, step=12):
-    """What the engine leaves: export/<step>/ with the task's signatures, run.json with describe() as `task`."""
+    """What the engine leaves: export/<step>/ with the task's signatures, run.json with describe() as `task.*`."""
     module = tf.Module()
     module.model = model
     signatures = {
@@ -272,7 +272,8 @@ def _export_run(run_dir, task, model, step=12):
         for name, (fn, specs) in task.serving(model).items()
     }
     tf.saved_model.save(module, str(run_dir / "export" / str(step)), signatures=signatures)
-    (run_dir / "run.json").write_text(json.dumps({"settings": {}, "task": task.describe()}))
+    facts = {f"task.{key}": value for key, value in task.describe().items()}  # as rundir.check_resume writes them
+    (run_dir / "run.json").write_text(json.dumps({"seed": 0, **facts}))
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +331,7 @@ def test_sampler_top_k_one_is_greedy(exported_run):
     [
         ("no_dir", "does not exist"),
         ("no_export", "has no export/<step>/ SavedModel"),
-        ("no_task", "no language-model 'task' entry"),
+        ("no_task", "no task.tokens, task.vocab and task.context"),
         ("bad_prompt", "--prompt has characters the vocabulary lacks: 'z'"),
     ],
 )
@@ -338,7 +339,7 @@ def test_sampler_bad_run_dir_is_one_line(tmp_path, capsys, exported_run, case, m
     run_dir = {"no_dir": tmp_path / "absent", "bad_prompt": exported_run[0]}.get(case, tmp_path)
     if case == "no_task":
         (tmp_path / "export" / "3").mkdir(parents=True)
-        (tmp_path / "run.json").write_text(json.dumps({"settings": {}}))
+        (tmp_path / "run.json").write_text(json.dumps({"seed": 0}))
     assert sample.main([str(run_dir), "--prompt=az"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err

@@ -87,7 +87,9 @@ def run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale=Non
         total = loss + weight * tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else loss
         if loss_scale is not None:
             total = total * loss_scale
-    grads = tape.gradient(total, trainable)
+    # An embedding's gradient comes as IndexedSlices (the rows the batch used): made dense here, so every
+    # gradient is summed along the tree the same way.
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in tape.gradient(total, trainable)]
     return MicroBatchResult(loss, weight, task_metrics(task, outputs, batch), grads, new_non_trainable)
 
 
