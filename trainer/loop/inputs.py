@@ -76,7 +76,7 @@ class PlacedIterator:
     A dataset without positions (benchmarks' in-memory data) yields batches; it restarts from its beginning.
     """
 
-    def __init__(self, make_dataset, device: str):
+    def __init__(self, make_dataset, device: str, position_size: int = 2):
         self.device = device
         self._positioned = not isinstance(make_dataset, tf.data.Dataset)
         if not self._positioned:  # a fixed dataset: restarts from its beginning
@@ -84,7 +84,7 @@ class PlacedIterator:
             make_dataset = lambda position: dataset  # noqa: E731
         self._make_dataset = make_dataset
         with tf.device(device):
-            self.position = tf.Variable([0, 0], dtype=tf.int64, trainable=False, name="position")
+            self.position = tf.Variable([0] * position_size, dtype=tf.int64, trainable=False, name="position")
         self.restart()
 
     def restart(self) -> None:
@@ -137,7 +137,7 @@ def train_iterators(plan: Plan, placement: Placement, reader, inputs: Inputs, tr
             **share,
             **reader.stream_settings(inputs, settings),
         )
-        iterators.append(PlacedIterator(reader.stream(inputs, stream, decoded), host))
+        iterators.append(PlacedIterator(reader.stream(inputs, stream, decoded), host, reader.position_size))
     return iterators
 
 

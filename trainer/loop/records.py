@@ -25,11 +25,19 @@ from trainer.step import footprint
 class ClassifyRecords:
     """Images and dense vectors, for `tasks.classify.Classify`."""
 
+    position_size = 2  # a stream's position: (epoch, record)
+
     def __init__(self, task, config: RunConfig):
         self.task, self.config = task, config
 
     def resolve(self) -> Inputs:
-        """Finds and inspects the records (the digits without --train_data); tells the task their shape."""
+        """Finds and inspects the records (the digits without --train_data); tells the task their shape.
+
+        Raises:
+          data.DataError: no records, unreadable records, --group_by_length (images and vectors have no length).
+        """
+        if self.config.data.group_by_length:
+            raise data.DataError("--group_by_length is for a task's variable-length records, not --task=classify")
         inputs = resolve_inputs(self.config.data)
         self.task.bind(inputs.train.example_shape, inputs.num_classes)
         return inputs
@@ -82,6 +90,9 @@ class FeatureRecords:
     def __init__(self, task, config: RunConfig):
         self.task, self.config = task, config
         self.schema = data.FeatureSchema.of(task.features(), task.name)
+        self.group_batches = config.data.group_by_length
+        # A stream's position: (epoch, record), and with length grouping the batches done in the pool.
+        self.position_size = 3 if self.group_batches > 1 else 2
 
     def resolve(self) -> Inputs:
         """The --train_data / --eval_data records, or the task's default data; each file's first record is
@@ -95,6 +106,8 @@ class FeatureRecords:
             patterns = self.task.default_data()
             if patterns is None:
                 raise data.DataError(f"--task={self.config.task.name} has no built-in data: pass --train_data")
+        if self.group_batches and not any(f.variable for _, f in self.schema.features):
+            raise data.DataError(f"--group_by_length: task {self.task.name!r} has no variable-length feature")
         train = data.inspect_feature_records(patterns[0], self.schema, what="--train_data")
         evaluation = data.inspect_feature_records(patterns[1], self.schema, what="--eval_data")
         return Inputs(train, evaluation, 0)
@@ -113,7 +126,9 @@ class FeatureRecords:
         del decoded
 
         def make(position):
-            return data.feature_training_dataset(inputs.train, stream, self.task.preprocess, resume_from=position)
+            return data.feature_training_dataset(
+                inputs.train, stream, self.task.preprocess, resume_from=position, group_batches=self.group_batches
+            )
 
         return make
 

@@ -139,6 +139,7 @@ class DataConfig:
     augment_auto: bool = False  # `augment` was chosen by --augment=auto (set by `resolve`; not a flag)
     normalize: Normalization = Normalization()  # --normalize, parsed once (`Normalization.parse`)
     cache: str = "auto"  # auto: decoded training images in memory when below data.AUTO_CACHE_BYTES
+    group_by_length: int = 0  # a task's variable-length records: batches per length-sorted pool; 0: none
 
 
 @dataclasses.dataclass(frozen=True)

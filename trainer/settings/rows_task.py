@@ -32,6 +32,15 @@ def task() -> list[Flag]:
             "decoder-only Transformer language model over text records (python -m data.prepare text; without "
             "--train_data the built-in corpus). Or 'package.module:Class', a subclass of tasks.Task (docs/tasks.md).",
         ),
+        Flag(
+            "group_by_length",
+            "data.group_by_length",
+            g,
+            "A task's variable-length records: sort each pool of this many micro-batches by length before "
+            "cutting it into micro-batches (less padding; the pool's batches in a seeded order). Each stream "
+            "groups its own records, so nothing depends on the towers. 0: batches in record order.",
+            check=at_least(0),
+        ),
         Flag("task_args", "task.args", g, "A user task's own options: KEY=VALUE,... (strings).", parse=task_args),
         Flag("lm_layers", "task.layers", g, "--task=lm: Transformer blocks.", check=at_least(1)),
         Flag("lm_heads", "task.heads", g, "--task=lm: attention heads; they divide --lm_width.", check=at_least(1)),

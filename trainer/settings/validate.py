@@ -32,7 +32,7 @@ def validate(config: cfg.RunConfig) -> cfg.RunConfig:
     _optimizer(config.optimizer, config.loop.train_steps)
     _loop(config.loop)
     _task(config.task)
-    _data(config.data)
+    _data(config.data, config.task.name)
     _runtime(config.runtime, config.towers.device, config.deterministic)
     return config
 
@@ -108,9 +108,12 @@ def _loop(lp: cfg.LoopConfig) -> None:
         )
 
 
-def _data(d: cfg.DataConfig) -> None:
-    if d.train_data:
+def _data(d: cfg.DataConfig, task: str) -> None:
+    # --num_classes belongs to the classification task (the one whose records carry class labels); every other
+    # task's records are checked against its own features when they are read (`trainer.loop.records`).
+    if d.train_data and task == "classify":
         require(d.num_classes >= 2, f"--num_classes ({d.num_classes}) must be given (>= 2) with --train_data")
+    if d.train_data:
         require(bool(d.eval_data), "--eval_data must be given with --train_data (file glob of held-out records)")
     else:
         require(not d.eval_data, "--eval_data needs --train_data (without both, the built-in digits are used)")

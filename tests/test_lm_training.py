@@ -1,0 +1,204 @@
+"""The language model through the engine, on padded records of real text (paragraphs of different lengths).
+
+What the tasks issue promises: the same weights for 1, 2 and 4 towers and 2 tasks x 2 towers at fixed K, with
+micro-batches holding different numbers of real tokens; the loss the engine reports is the mean over the global
+batch's real tokens (a numpy reference); a run killed and resumed (with length grouping, whose positions have
+three numbers) ends with the weights of one that was not; the export answers as eval did, in a fresh process.
+"""
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data import text as text_data
+from tests._cluster_helpers import ROOT, Job, metrics, tf_config_envs
+from trainer.settings import config as cfg
+
+K = 4
+STEPS = 6
+SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
+OPTIMIZER = ("--optimizer=adamw", "--learning_rate=0.003", "--global_batch_size=8", f"--micro_batches={K}")
+
+
+@pytest.fixture(scope="module")
+def paragraphs(tmp_path_factory):
+    """Records of the built-in corpus's first 40,000 characters, one per paragraph (split into windows of 33
+    tokens when longer): lengths from 2 to 33."""
+    root = tmp_path_factory.mktemp("paragraphs")
+    source = root / "text.txt"
+    text = text_data.default_corpus()[0][:40_000]
+    source.write_text(text, encoding="utf-8")
+    out = root / "records"
+    command = [sys.executable, "-m", "data.prepare", "text", str(source), str(out), "--tokens=char", "--context=32"]
+    subprocess.run([*command, "--documents=paragraphs"], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return {"train_data": str(out / "train-*"), "eval_data": str(out / "eval-*"), "sha256": sha256}
+
+
+def _flags(paragraphs, *more) -> tuple:
+    data_flags = (f"--train_data={paragraphs['train_data']}", f"--eval_data={paragraphs['eval_data']}")
+    return ("--task=lm", *data_flags, *SIZES, *OPTIMIZER, f"--train_steps={STEPS}", *more)
+
+
+def _config(make_config, paragraphs, tmp_path, name: str, num_towers: int, **data) -> cfg.RunConfig:
+    config = make_config(
+        model_dir=tmp_path / name,
+        towers={"num_towers": num_towers, "micro_batches": K, "global_batch_size": 8},
+        loop={"train_steps": STEPS, "log_every_steps": 1},
+        data={"train_data": paragraphs["train_data"], "eval_data": paragraphs["eval_data"], **data},
+        optimizer={"name": "adamw", "learning_rate": 0.003},
+    )
+    task = cfg.TaskConfig(name="lm", layers=1, heads=2, width=16, context=32)
+    return dataclasses.replace(config, task=task)
+
+
+@pytest.fixture(scope="module")
+def reference(paragraphs, tmp_path_factory):
+    """One process, one tower, K = 4: the weights every layout must reproduce (and the export to serve)."""
+    model_dir = tmp_path_factory.mktemp("reference") / "run"
+    job = Job(model_dir, [{}], 1, *_flags(paragraphs, "--export", "--eval_every_steps=0"))
+    assert job.wait() == [0], job.output(0)[-3000:]
+    return {**metrics(model_dir), "model_dir": str(model_dir)}
+
+
+@pytest.mark.parametrize("num_towers", [2, 4])
+def test_the_weights_are_those_of_one_tower_for_any_number_of_towers(
+    make_config, paragraphs, reference, tmp_path, num_towers
+):
+    from trainer.loop.run import train
+
+    result = train(_config(make_config, paragraphs, tmp_path, f"n{num_towers}", num_towers))
+    assert result["weights_sha256"] == reference["weights_sha256"]
+    assert (result["global_step"], result["num_towers"], result["task"]) == (STEPS, num_towers, "lm")
+    assert result["train_loss"] == reference["train_loss"]  # the last step's loss: the same sums in the same tree
+    # Eval splits each batch over the towers, so its sums are grouped by tower: equal to float32 rounding.
+    assert result["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-6)
+    assert result["eval_bits_per_byte"] == pytest.approx(reference["eval_bits_per_byte"], rel=1e-6)
+
+
+def test_two_tasks_of_two_towers_train_the_weights_of_one_tower(paragraphs, reference, tmp_path):
+    job = Job(tmp_path / "run", tf_config_envs(2), 2, *_flags(paragraphs))
+    assert job.wait() == [0, 0], job.output(0)[-3000:]
+    result = metrics(tmp_path / "run")
+    assert (result["num_tasks"], result["num_towers"]) == (2, 4)
+    assert result["weights_sha256"] == reference["weights_sha256"]
+
+
+@pytest.mark.parametrize("num_towers", [1, 4])
+def test_the_loss_is_the_mean_over_the_real_tokens_of_the_global_batch(make_config, paragraphs, tmp_path, num_towers):
+    """The first step's loss, from the initial weights, against numpy over the same four micro-batches; they hold
+    different numbers of real tokens, so a mean of the micro-batches' means would differ."""
+    from trainer.loop.build import build
+
+    trainer = build(_config(make_config, paragraphs, tmp_path, "loss", num_towers))
+    try:
+        batches = [next(iter(stream._make_dataset((0, 0))))[0] for stream in trainer.iterators]
+        real = [int(np.sum(b["tokens_length"].numpy() - 1)) for b in batches]
+        assert len(set(real)) > 1, real  # micro-batches of different real-token counts
+        losses = [_token_losses(trainer.model, b) for b in batches]
+        expected = np.sum(np.concatenate(losses)) / sum(real)
+        assert np.mean([np.mean(x) for x in losses]) != pytest.approx(expected, rel=1e-3)  # the wrong mean differs
+        result = trainer.updater.train_steps(1)
+        assert result.loss == pytest.approx(expected, rel=2e-6)
+    finally:
+        trainer.updater.close()
+
+
+def _token_losses(model, batch) -> np.ndarray:
+    """float64 cross-entropy of every real target token of `batch` (padding left out), from numpy."""
+    tokens, lengths = batch["tokens"].numpy(), batch["tokens_length"].numpy()
+    logits = model((tokens[:, :-1], lengths - 1), training=False).numpy().astype(np.float64)
+    log_p = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1, keepdims=True))
+    log_p -= logits.max(-1, keepdims=True)
+    out = []
+    for row in range(len(tokens)):
+        for t in range(lengths[row] - 1):
+            out.append(-log_p[row, t, tokens[row, t + 1]])
+    return np.array(out)
+
+
+def test_grouped_by_length_a_killed_run_resumes_on_another_layout_bitwise(make_config, paragraphs, reference, tmp_path):
+    """--group_by_length=2: each stream sorts pools of two micro-batches by length (its position is then
+    (epoch, record, batches done in the pool)). Killed on 2 tasks x 2 towers after its step-3 checkpoint,
+    resumed on one process of 4 towers: the weights of an uninterrupted one-tower run."""
+    from trainer.loop.run import train
+
+    whole = train(_config(make_config, paragraphs, tmp_path, "whole", 1, group_by_length=2))
+    flags = _flags(paragraphs, "--group_by_length=2", "--checkpoint_every_steps=3")
+    job = Job(tmp_path / "run", tf_config_envs(2), 2, *flags)
+    job.wait_for_step(4)
+    job.kill()
+    assert glob.glob(str(tmp_path / "run" / "checkpoints" / "ckpt-3.index")), "no checkpoint before the kill"
+    rerun = Job(tmp_path / "run", [{}], 4, *flags)
+    assert rerun.wait() == [0], rerun.output(0)[-3000:]
+    assert "at step 3" in rerun.output(0)
+    assert metrics(tmp_path / "run")["weights_sha256"] == whole["weights_sha256"]
+    assert whole["weights_sha256"] != reference["weights_sha256"]  # grouping changed the batches
+
+
+_EVAL = r"""
+import json, sys
+import numpy as np
+from absl import flags
+from trainer.loop.build import build
+from trainer.settings import flags as tf_flags
+
+tf_flags.define_flags()
+flags.FLAGS(["eval", f"--flagfile={sys.argv[1]}/flags.txt"])
+trainer = build(tf_flags.config_from_flags(flags.FLAGS))
+assert trainer.checkpointer.restore_latest() is not None
+outputs, batches = trainer.evaluator.predictions()
+np.savez(sys.argv[2], **{f"logits{i}": o for i, o in enumerate(outputs)},
+         **{f"tokens{i}": b["tokens"] for i, b in enumerate(batches)},
+         **{f"lengths{i}": b["tokens_length"] for i, b in enumerate(batches)})
+"""
+
+_CLIENT = r"""
+import sys
+import numpy as np
+import tensorflow as tf
+
+serve = tf.saved_model.load(sys.argv[1]).signatures
+saved = np.load(sys.argv[2])
+out = {}
+for i in range(len([k for k in saved if k.startswith("tokens")])):
+    tokens, lengths = saved[f"tokens{i}"][:, :-1], saved[f"lengths{i}"] - 1
+    out[f"all{i}"] = serve["serving_default"](tokens=tf.constant(tokens))["logits"].numpy()
+    out[f"next{i}"] = serve["next_token"](tokens=tf.constant(tokens), lengths=tf.constant(lengths))["logits"].numpy()
+np.savez(sys.argv[3], **out)
+"""
+
+
+def test_the_export_serves_the_logits_eval_computed_in_a_fresh_process(reference, tmp_path):
+    model_dir = reference["model_dir"]
+    export = os.path.join(model_dir, "export", str(STEPS))
+    run = lambda *a: subprocess.run([sys.executable, "-c", *a], cwd=ROOT, capture_output=True, text=True, timeout=300)  # noqa: E731
+    evaluated, served = tmp_path / "eval.npz", tmp_path / "served.npz"
+    done = run(_EVAL, model_dir, str(evaluated))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run(_CLIENT, export, str(evaluated), str(served))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ev, sv = np.load(evaluated), np.load(served)
+    batches = len([k for k in ev if k.startswith("tokens")])
+    assert batches >= 1
+    for i in range(batches):
+        lengths = ev[f"lengths{i}"] - 1
+        logits = ev[f"logits{i}"]
+        for row, length in enumerate(lengths):  # real positions; padding's logits are nobody's
+            np.testing.assert_allclose(sv[f"all{i}"][row, :length], logits[row, :length], atol=1e-5, rtol=0)
+            np.testing.assert_allclose(sv[f"next{i}"][row], logits[row, length - 1], atol=1e-5, rtol=0)
+
+
+def test_run_json_records_the_text_the_model_learned(paragraphs, reference):
+    with open(os.path.join(reference["model_dir"], "run.json")) as f:
+        run = json.load(f)
+    assert (run["task.name"], run["task.tokens"], run["task.context"]) == ("lm", "char", 32)
+    assert run["task.source_sha256"] == paragraphs["sha256"]
+    assert run["towers.loss_reduction"] == "weighted_sum"
