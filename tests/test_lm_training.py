@@ -68,13 +68,16 @@ def reference(paragraphs, tmp_path_factory):
     return {**metrics(model_dir), "model_dir": str(model_dir)}
 
 
-@pytest.mark.parametrize("num_towers", [2, 4])
+@pytest.mark.parametrize("num_towers, placement", [(2, "cpu"), (4, "cpu"), (2, "spread")])
 def test_the_weights_are_those_of_one_tower_for_any_number_of_towers(
-    make_config, paragraphs, reference, tmp_path, num_towers
+    make_config, paragraphs, reference, tmp_path, num_towers, placement
 ):
+    """Spread: each variable and its slots on one tower's device (the embedding on one, ...): the same bits."""
     from trainer.loop.run import train
 
-    result = train(_config(make_config, paragraphs, tmp_path, f"n{num_towers}", num_towers))
+    config = _config(make_config, paragraphs, tmp_path, f"n{num_towers}", num_towers)
+    config = dataclasses.replace(config, towers=dataclasses.replace(config.towers, parameter_device=placement))
+    result = train(config)
     assert result["weights_sha256"] == reference["weights_sha256"]
     assert (result["global_step"], result["num_towers"], result["task"]) == (STEPS, num_towers, "lm")
     assert result["train_loss"] == reference["train_loss"]  # the last step's loss: the same sums in the same tree
