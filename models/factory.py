@@ -5,12 +5,11 @@ imported and called as ``fn(input_shape, num_classes)``. Every result is checked
 trainer can rely on: a built ``keras.Model`` whose output is ``(batch, num_classes)`` logits.
 """
 
-import importlib
 import numbers
 
 import keras
 
-from models.registry import Builder, ModelError, get_builder
+from models.registry import Builder, ModelError, get_builder, import_named
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
@@ -61,20 +60,11 @@ def _is_int(value) -> bool:
 
 def _load_custom(spec: str) -> Builder:
     """Imports ``"package.module:function"`` and returns the function."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr or ":" in attr:
-        raise ModelError(f"custom model {spec!r} must have the form 'package.module:function'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ModelError(f"custom model {spec!r}: cannot import module {module_name!r}: {e}") from e
-    try:
-        builder = getattr(module, attr)
-    except AttributeError:
-        raise ModelError(
-            f"custom model {spec!r}: module {module_name!r} "
-            f"(from {getattr(module, '__file__', None)}) has no attribute {attr!r}"
-        ) from None
+        _, builder = import_named(spec, "package.module:function")
+    except LookupError as e:
+        raise ModelError(f"custom model {spec!r}: {e}") from e.__cause__
+    attr = spec.partition(":")[2]
     if not callable(builder):
         raise ModelError(
             f"custom model {spec!r}: {attr!r} is a {type(builder).__name__}, not a callable "

@@ -6,6 +6,7 @@ imports them all); users plug in their own builders through the ``"package.modul
 :func:`models.build_model` instead of registering.
 """
 
+import importlib
 from collections.abc import Callable
 
 Builder = Callable[[tuple[int, ...], int], object]
@@ -53,3 +54,25 @@ def get_builder(name: str) -> Builder:
             f"unknown model {name!r}; built-in models are: {', '.join(available_models())}; "
             "a custom builder is named as 'package.module:function'"
         ) from None
+
+
+def import_named(spec: str, form: str):
+    """Imports "package.module:attribute" and returns (the module, the attribute); a user's own model and a
+    user's own task (`tasks.make_task`) are named this way.
+
+    Raises:
+      LookupError: the spec is not of that form (`form` names the expected one in the message), the module does
+        not import, or it has no such attribute; the message says which, without the caller's prefix.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise LookupError(f"must have the form {form!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LookupError(f"cannot import module {module_name!r}: {e}") from e
+    try:
+        return module, getattr(module, attr)
+    except AttributeError:
+        where = getattr(module, "__file__", None)
+        raise LookupError(f"module {module_name!r} (from {where}) has no attribute {attr!r}") from None

@@ -6,9 +6,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from data.schema import Feature
+from models.registry import import_named
 from tasks.base import Task
 
 # Built-in task name -> "module:Class"; imported on first use (the language model pulls in more of Keras).
@@ -42,14 +41,7 @@ def make_task(config) -> Task:
 
 
 def _load(spec: str, path: str):
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr or ":" in attr:
-        raise TaskError(f"--task={spec!r} must have the form 'package.module:Class'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise TaskError(f"--task={spec!r}: cannot import module {module_name!r}: {e}") from e
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise TaskError(f"--task={spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+        return import_named(path, "package.module:Class")[1]
+    except LookupError as e:
+        raise TaskError(f"--task={spec!r}: {e}") from e.__cause__

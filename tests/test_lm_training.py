@@ -19,6 +19,7 @@ import pytest
 
 from data import text as text_data
 from tests._cluster_helpers import ROOT, Job, metrics, tf_config_envs
+from tests._served import RESTORED_EVAL
 from trainer.settings import config as cfg
 
 K = 4
@@ -146,22 +147,14 @@ def test_grouped_by_length_a_killed_run_resumes_on_another_layout_bitwise(make_c
     assert whole["weights_sha256"] != reference["weights_sha256"]  # grouping changed the batches
 
 
-_EVAL = r"""
-import json, sys
-import numpy as np
-from absl import flags
-from trainer.loop.build import build
-from trainer.settings import flags as tf_flags
-
-tf_flags.define_flags()
-flags.FLAGS(["eval", f"--flagfile={sys.argv[1]}/flags.txt"])
-trainer = build(tf_flags.config_from_flags(flags.FLAGS))
-assert trainer.checkpointer.restore_latest() is not None
-outputs, batches = trainer.evaluator.predictions()
+_EVAL = (
+    RESTORED_EVAL
+    + r"""
 np.savez(sys.argv[2], **{f"logits{i}": o for i, o in enumerate(outputs)},
          **{f"tokens{i}": b["tokens"] for i, b in enumerate(batches)},
          **{f"lengths{i}": b["tokens_length"] for i, b in enumerate(batches)})
 """
+)
 
 _CLIENT = r"""
 import sys

@@ -20,6 +20,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests._served import RESTORED_EVAL
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
 CASES = [  # (augment, normalize, image format)
@@ -32,21 +34,13 @@ CASES = [  # (augment, normalize, image format)
 SIGNATURES = ("serving_default", "predict_uint8", "predict_float")
 
 # The trainer's eval, in a fresh process: the run's own flags, built and restored as a resume would be.
-_EVAL = r"""
-import json, sys
-from absl import flags
-from trainer.loop.build import build
-from trainer.settings import flags as tf_flags
-
-tf_flags.define_flags()
-flags.FLAGS(["eval", f"--flagfile={sys.argv[1]}/flags.txt"])
-trainer = build(tf_flags.config_from_flags(flags.FLAGS))
-assert trainer.checkpointer.restore_latest() is not None
-import numpy as np
-outputs, batches = trainer.evaluator.predictions()
+_EVAL = (
+    RESTORED_EVAL
+    + r"""
 logits, labels = np.concatenate(outputs), np.concatenate([labels for _, labels in batches])
 print(json.dumps({"logits": logits.tolist(), "labels": labels.tolist()}))
 """
+)
 
 # A client in a fresh process: only TensorFlow, the export and the eval files.
 _CLIENT = r"""
