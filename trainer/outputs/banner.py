@@ -74,7 +74,7 @@ def _schedule(config: RunConfig) -> str:
     o = config.optimizer
     warmup = f", {o.warmup_steps} warmup steps" if o.warmup_steps else ""
     if o.schedule == "cosine":
-        return f"cosine to 0 at step {config.loop.train_steps}{warmup}"
+        return f"cosine to {o.min_learning_rate:g} at step {config.loop.train_steps}{warmup}"
     if o.schedule == "piecewise":
         return f"piecewise: {list(o.values)} at {list(o.boundaries)}"
     return f"constant{warmup}"
