@@ -115,3 +115,5 @@ def results(tmp_path_factory):
 def test_bad_input_is_one_error_line_and_exit_2(results, case):
     done, line = results[case]
     assert (done.returncode, done.stderr) == (2, f"error: {line}\n"), done.stdout[-2000:]
+    if case == "too_long_in_training":  # found while training (the first record, inspected before, is fine)
+        assert "fresh start at step 0" in done.stdout and "input pipeline failed" in done.stdout, done.stdout
