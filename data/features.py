@@ -76,7 +76,7 @@ def example_problem(features, schema: FeatureSchema) -> tuple[str, str] | None:
             return key, f"is missing (keys found: {found})"
         found = features[key].WhichOneof("kind")
         if found is not None and found != kind:
-            return key, f"is a {found}, the task reads {feature.dtype}"
+            return key, f"holds {found}, the task reads {feature.dtype}"
         count = len(getattr(features[key], kind).value)
         problem = length_problem(feature, count)
         if problem is not None:

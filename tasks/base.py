@@ -35,7 +35,7 @@ class Task:
     """Subclass it and name the subclass with `--task=package.module:Class`.
 
     The constructor takes the run's settings (`trainer.settings.config.RunConfig`): a task reads its own
-    options from `config.task.args` (`--task_args=key=value,...`, strings), the seed from `config.seed`.
+    options from `config.task.arg_dict` (`--task_args=key=value,...`, strings), the seed from `config.seed`.
 
     Attributes:
       name: Shown in the banner, `run.json` and error messages.
@@ -101,7 +101,7 @@ class Task:
 
     def serving(self, model: keras.Model) -> dict[str, tuple[object, list[tf.TensorSpec]]]:
         """The SavedModel's signatures: {name: (function of the specs' tensors -> dict of outputs, specs)}; the
-        first is `serving_default`. Default: none (the export holds only the weights' functions)."""
+        first is also `serving_default`. Default: none, and then a run needs --noexport (refused at the start)."""
         del model
         return {}
 

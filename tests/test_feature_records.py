@@ -178,7 +178,7 @@ def test_a_too_long_record_is_named_by_task_feature_file_record_and_length(tmp_p
 def test_a_schema_mismatch_is_named_by_task_feature_and_file(tmp_path, problem):
     paths = _write_files(tmp_path, num_files=3, per_file=2)
     if problem == "dtype":
-        schema, key, text = _schema(tokens_dtype="float32"), "tokens", "is a float_list, the task reads int64"
+        schema, key, text = _schema(tokens_dtype="float32"), "tokens", "holds float_list, the task reads int64"
     elif problem == "missing":
         schema = data.FeatureSchema.of({k: f for k, f in _schema().features if k != "x"}, TASK)
         key, text = "x", "is missing (keys found: label, tokens)"

@@ -86,6 +86,8 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     settings = reader.data_settings(inputs)
     model, optimizer, global_step = build_model_and_optimizer(plan, placement, task)
     reader.check_fits(model, inputs)  # before the pipeline and the graph
+    if config.loop.export:  # a task with nothing to serve is refused now, not after training
+        reader.serving(inputs, settings).check(model)
     iterators = train_iterators(plan, placement, reader, inputs, train_dataset, bad_records, settings)
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     evaluator = Evaluator(task, model, placement, make_eval, explain=lambda e: bad_records.explain(e, False, log_line))

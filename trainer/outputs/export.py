@@ -18,6 +18,7 @@ from typing import Protocol
 
 import keras
 
+from tasks import TaskError
 from trainer.settings.config import RunConfig
 
 SERVING_FILE = os.path.join("assets.extra", "towerflow_serving.json")
@@ -29,6 +30,9 @@ class Serving(Protocol):
 
     def archive(self, model: keras.Model) -> keras.export.ExportArchive:
         """An ExportArchive tracking `model`, one endpoint per signature (the first also serving_default)."""
+
+    def check(self, model: keras.Model) -> None:
+        """Raises before training when there is nothing to export."""
 
     def signature_names(self) -> list[str]: ...
 
@@ -44,12 +48,18 @@ class TaskServing:
         self.task = task
         self._names: list[str] = []
 
+    def check(self, model: keras.Model) -> None:
+        """Raises `tasks.TaskError` when the task has no signature to export (asked before training, not after)."""
+        if not self.task.serving(model):
+            raise TaskError(
+                f"task {self.task.name!r}: serving() returns no signature, so there is nothing to export; define "
+                "serving(model) or pass --noexport"
+            )
+
     def archive(self, model: keras.Model) -> keras.export.ExportArchive:
         archive = keras.export.ExportArchive()
         archive.track(model)
         endpoints = self.task.serving(model)
-        if not endpoints:
-            raise ValueError(f"task {self.task.name!r}: serving() returned no signature to export")
         for name, (function, specs) in endpoints.items():
             archive.add_endpoint(name, function, list(specs))
         self._names = list(endpoints)

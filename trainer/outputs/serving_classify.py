@@ -31,6 +31,9 @@ class Serving:
     num_classes: int
     preprocess: data.Preprocess
 
+    def check(self, model: keras.Model) -> None:
+        """Every classification model has its signatures."""
+
     def archive(self, model: keras.Model) -> keras.export.ExportArchive:
         return _archive(model, self)
 

@@ -14,6 +14,7 @@ import functools
 import keras
 import tensorflow as tf
 
+from tasks import TaskError
 from trainer.step import tree, update
 
 # How the loss and gradient are reduced over the global batch (recorded in run.json: it decides the bits): the
@@ -104,11 +105,11 @@ def task_metrics(task, outputs, batch) -> dict:
     """The task's {name: (sum, count)} as float32, in `task.metric_names`' order.
 
     Raises:
-      ValueError: the task returned other names than its `metric_names` declare.
+      tasks.TaskError: the task returned other names than its `metric_names` declare.
     """
     metrics = task.metrics(outputs, batch)
     if tuple(metrics) != tuple(task.metric_names):
-        raise ValueError(
+        raise TaskError(
             f"task {task.name!r}: metrics() returned {sorted(metrics)}, but metric_names declares "
             f"{list(task.metric_names)} (same names, same order)"
         )
