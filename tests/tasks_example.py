@@ -93,3 +93,16 @@ class Padded(Regression):
 
     def features(self):
         return {"x": Feature("float32", max_length=WIDTH), "y": Feature("float32")}
+
+
+class Unserved(Regression):
+    """Serves nothing: a run that exports is refused at its start."""
+
+    def serving(self, model):
+        return {}
+
+
+class Misnamed(Regression):
+    """Declares a metric its `metrics` does not return."""
+
+    metric_names = ("rmse",)

@@ -30,7 +30,7 @@ CASES = {
     ),
     "no_attribute": (
         ["--task=tasks.base:nothing"],
-        "--task='tasks.base:nothing': module 'tasks.base' has no attribute 'nothing'",
+        f"--task='tasks.base:nothing': module 'tasks.base' (from {ROOT}/tasks/base.py) has no attribute 'nothing'",
     ),
     "not_a_task": (["--task=json:loads"], "--task='json:loads': 'loads' is not a subclass of tasks.Task"),
     "unknown_built_in": (
@@ -49,6 +49,15 @@ CASES = {
         ],
         f"--train_data task 'padded': feature 'x' of {{bad}}/long-train.tfrecord record {LONG_RECORD} has 12 values, "
         "more than its max_length 8",
+    ),
+    "nothing_to_serve": (
+        ["--task=tests.tasks_example:Unserved", "--export"],
+        "task 'regression': serving() returns no signature, so there is nothing to export; define serving(model) "
+        "or pass --noexport",
+    ),
+    "metric_names_differ": (
+        ["--task=tests.tasks_example:Misnamed"],
+        "task 'regression': metrics() returned ['mae'], but metric_names declares ['rmse'] (same names, same order)",
     ),
     "lm_heads": (["--task=lm", "--lm_heads=3", "--lm_width=128"], "--lm_heads (3) must divide --lm_width (128)"),
     "task_args_without_equals": (

@@ -21,7 +21,7 @@ from trainer.loop.records import reader_for
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import mirrors, modes, optim, spread
+from trainer.step import mirrors, modes, optim, spread, towers
 from trainer.step.modes import Plan
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
@@ -89,6 +89,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     if config.loop.export:  # a task with nothing to serve is refused now, not after training
         reader.serving(inputs, settings).check(model)
     iterators = train_iterators(plan, placement, reader, inputs, train_dataset, bad_records, settings)
+    towers.check_task(task, model, iterators[0].element_spec)  # one example, eagerly, before any step traces
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     evaluator = Evaluator(task, model, placement, make_eval, explain=lambda e: bad_records.explain(e, False, log_line))
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)

@@ -116,6 +116,28 @@ def task_metrics(task, outputs, batch) -> dict:
     return {name: (tf.cast(s, tf.float32), tf.cast(c, tf.float32)) for name, (s, c) in metrics.items()}
 
 
+def check_task(task, model, element_spec) -> None:
+    """Runs the task's model, loss and metrics once, eagerly, on a batch of one zero example shaped as
+    `element_spec` says (unknown lengths: 1), so that a task whose pieces do not fit together is refused before
+    its step traces (an error inside a traced step surfaces wrapped in TensorFlow's staging error).
+
+    Raises:
+      tasks.TaskError: `loss` gives losses and weights of different shapes, or `metrics` other names than
+        `metric_names`.
+    """
+    shapes = [[1 if d is None else d for d in [1, *spec.shape[1:]]] for spec in tf.nest.flatten(element_spec)]
+    zeros = [tf.zeros(shape, spec.dtype) for shape, spec in zip(shapes, tf.nest.flatten(element_spec), strict=True)]
+    batch = tf.nest.pack_sequence_as(element_spec, zeros)
+    outputs = tf.nest.map_structure(float32, model(task.model_inputs(batch), training=False))
+    losses, weights = task.loss(outputs, batch)
+    if tuple(losses.shape) != tuple(weights.shape):
+        raise TaskError(
+            f"task {task.name!r}: loss() gave losses of shape {tuple(losses.shape)} and weights of shape "
+            f"{tuple(weights.shape)}; they must have the same shape (one weight per loss)"
+        )
+    task_metrics(task, outputs, batch)
+
+
 def float32(tensor):
     """Mixed precision computes in 16 bits; the loss and metrics see float32 outputs."""
     return tf.cast(tensor, tf.float32) if tensor.dtype.is_floating else tensor
