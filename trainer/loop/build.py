@@ -89,7 +89,8 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     if config.loop.export:  # a task with nothing to serve is refused now, not after training
         reader.serving(inputs, settings).check(model)
     iterators = train_iterators(plan, placement, reader, inputs, train_dataset, bad_records, settings)
-    towers.check_task(task, model, iterators[0].element_spec)  # one example, eagerly, before any step traces
+    # One example, eagerly, before any step traces: a task whose pieces do not fit is one line, not a traceback.
+    towers.check_task(task, model, iterators[0].element_spec, reader.padded_length)
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     evaluator = Evaluator(task, model, placement, make_eval, explain=lambda e: bad_records.explain(e, False, log_line))
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)

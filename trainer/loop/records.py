@@ -26,6 +26,7 @@ class ClassifyRecords:
     """Images and dense vectors, for `tasks.classify.Classify`."""
 
     position_size = 2  # a stream's position: (epoch, record)
+    padded_length = 1  # images and vectors have no variable length
 
     def __init__(self, task, config: RunConfig):
         self.task, self.config = task, config
@@ -93,6 +94,8 @@ class FeatureRecords:
         self.group_batches = config.data.group_by_length
         # A stream's position: (epoch, record), and with length grouping the batches done in the pool.
         self.position_size = 3 if self.group_batches > 1 else 2
+        # The shortest length a padded batch has: its variable-length features' smallest bucket.
+        self.padded_length = min((f.buckets[0] for _, f in self.schema.features if f.variable), default=1)
 
     def resolve(self) -> Inputs:
         """The --train_data / --eval_data records, or the task's default data; each file's first record is

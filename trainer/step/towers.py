@@ -116,16 +116,16 @@ def task_metrics(task, outputs, batch) -> dict:
     return {name: (tf.cast(s, tf.float32), tf.cast(c, tf.float32)) for name, (s, c) in metrics.items()}
 
 
-def check_task(task, model, element_spec) -> None:
+def check_task(task, model, element_spec, length: int = 1) -> None:
     """Runs the task's model, loss and metrics once, eagerly, on a batch of one zero example shaped as
-    `element_spec` says (unknown lengths: 1), so that a task whose pieces do not fit together is refused before
+    `element_spec` says (unknown lengths: `length`, a length a padded batch can have), so that a task whose pieces do not fit together is refused before
     its step traces (an error inside a traced step surfaces wrapped in TensorFlow's staging error).
 
     Raises:
       tasks.TaskError: `loss` gives losses and weights of different shapes, or `metrics` other names than
         `metric_names`.
     """
-    shapes = [[1 if d is None else d for d in [1, *spec.shape[1:]]] for spec in tf.nest.flatten(element_spec)]
+    shapes = [[length if d is None else d for d in [1, *spec.shape[1:]]] for spec in tf.nest.flatten(element_spec)]
     zeros = [tf.zeros(shape, spec.dtype) for shape, spec in zip(shapes, tf.nest.flatten(element_spec), strict=True)]
     batch = tf.nest.pack_sequence_as(element_spec, zeros)
     outputs = tf.nest.map_structure(float32, model(task.model_inputs(batch), training=False))
