@@ -118,8 +118,9 @@ def task_metrics(task, outputs, batch) -> dict:
 
 def check_task(task, model, element_spec, length: int = 1) -> None:
     """Runs the task's model, loss and metrics once, eagerly, on a batch of one zero example shaped as
-    `element_spec` says (unknown lengths: `length`, a length a padded batch can have), so that a task whose pieces do not fit together is refused before
-    its step traces (an error inside a traced step surfaces wrapped in TensorFlow's staging error).
+    `element_spec` says (unknown lengths: `length`, a length a padded batch can have), so that a task whose
+    pieces do not fit together is refused before its step traces (an error inside a traced step surfaces
+    wrapped in TensorFlow's staging error).
 
     Raises:
       tasks.TaskError: `loss` gives losses and weights of different shapes, or `metrics` other names than
