@@ -1,4 +1,4 @@
-"""A towerflow job on two real Slurm nodes (tests/two_node_fixture.py: launch/two_node_slurm.py, two slurmd in
+"""A towerflow job on two real Slurm nodes (tests/node_fixture.py: launch/node_slurm.py, two slurmd in
 network namespaces of their own on one bridge). Submitted as a user does, `python -m launch.slurm --nodes=2`,
 one task per node with two towers each (K = 4 micro-batches: 2 tasks x 2 towers), it completes, each task on
 its node, the tasks finding each other by node name, and it trains the weights of one process with 4 towers."""
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from launch import slurm_daemons
-from launch import two_node_slurm as two_node_lib
+from launch import node_slurm as node_lib
 from tests._cluster_helpers import BASE_FLAGS, ROOT, Job, metrics, slurm_task_pid
 
 pytestmark = pytest.mark.twonode
@@ -75,7 +75,7 @@ def _tensorflow_warnings(log: str) -> list[str]:
 
 def _tfn1_reaches_tfn2_slurmd() -> bool:
     """Whether a TCP connection from inside tfn1 to tfn2's slurmd opens, by node name (tfn1's /etc/hosts)."""
-    connect = f"import socket; socket.create_connection(('tfn2', {two_node_lib.SITE.ports[1]}), timeout=1).close()"
+    connect = f"import socket; socket.create_connection(('tfn2', {node_lib.SITE.ports[1]}), timeout=1).close()"
     probe = ["ip", "netns", "exec", "tfn1", sys.executable, "-c", connect]
     return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
 
@@ -87,13 +87,13 @@ def test_cut_takes_a_nodes_link_down_for_that_long_only(two_node_slurm):
     outage = threading.Thread(target=two_node_slurm.cut, args=("tfn2", 3.0))
     started = time.monotonic()
     outage.start()
-    while " DOWN " not in two_node_lib.NET.link(2):  # `ip` runs in the thread: late on a loaded machine
-        assert time.monotonic() - started < 2.5, two_node_lib.NET.link(2)
+    while " DOWN " not in node_lib.NET.link(2):  # `ip` runs in the thread: late on a loaded machine
+        assert time.monotonic() - started < 2.5, node_lib.NET.link(2)
         time.sleep(0.05)
     assert not _tfn1_reaches_tfn2_slurmd()
     outage.join()
     assert 3.0 <= time.monotonic() - started < 10
-    assert " UP " in two_node_lib.NET.link(2) and _tfn1_reaches_tfn2_slurmd()
+    assert " UP " in node_lib.NET.link(2) and _tfn1_reaches_tfn2_slurmd()
 
 
 # ~12 ms a step across the two nodes on 2 cores: long enough to cut a node's network mid-run.
@@ -180,14 +180,14 @@ def test_a_cut_of_the_chiefs_node_past_the_first_requeue_is_ridden_out_and_the_j
     job_id = _submit(two_node_slurm, model_dir, flags)
     _wait_for_log(model_dir, job_id, r"^0: step +(3|4|5|6)00/", 120)  # a checkpoint at 250: progress to requeue
     unanswered = rf"^=== towerflow: requeue of job {job_id}: no answer from Slurm's controller \(exited 1: (.*)\);"
-    two_node_lib.NET.set_link(1, up=False)
+    node_lib.NET.set_link(1, up=False)
     cut = time.monotonic()
     try:
         first = _wait_for_log(model_dir, job_id, unanswered, 150)
         tried = time.monotonic() - cut
         _wait_for_log(model_dir, job_id, unanswered + "(.|\n)*" + unanswered, 120)  # the second try failed too
     finally:
-        two_node_lib.NET.set_link(1, up=True)
+        node_lib.NET.set_link(1, up=True)
     outage = time.monotonic() - cut
     _wait_for_log(model_dir, job_id, rf"^=== towerflow: job {job_id} restart 1 on ", 120)
     restarted = time.monotonic() - cut
@@ -260,13 +260,13 @@ def test_a_killed_worker_a_frozen_worker_and_a_killed_chief_each_requeue_the_job
 
 
 def test_under_slurms_default_requeue_hold_a_lost_node_resumes_on_the_one_node_left_bitwise(
-    two_node_slurm, tmp_path, long_sha256
+    node_slurm, tmp_path, long_sha256
 ):
     """Slurm's own requeue hold (a requeued job waits ~2 minutes), `--nodes=1-2`: the job starts on both
     nodes; its worker is SIGKILLed and tfn2 drained (a node gone bad). The job requeues itself, waits out the
     hold, starts on tfn1 alone, resumes with one task of the same K micro-batches and finishes with the
     weights of one process."""
-    slurm = two_node_lib.up(cred_expire_sec=None)
+    slurm = node_slurm(2, cred_expire_sec=None)
     try:
         model_dir = tmp_path / "drained"
         job_id = _submit(slurm, model_dir, (*LONG_LAYOUT, "--checkpoint_every_steps=250"), nodes="1-2")
@@ -279,7 +279,7 @@ def test_under_slurms_default_requeue_hold_a_lost_node_resumes_on_the_one_node_l
         info = slurm.wait_for_state(job_id, DONE, timeout_sec=300)
     finally:
         slurm_daemons.run(["scontrol", "update", "NodeName=tfn2", "State=RESUME"], slurm.env)
-        two_node_lib.up()  # the short hold again, for the other tests
+        node_slurm(2)  # the short hold again, for the other tests
     log = _log_of(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"], info["Restarts"], info["NodeList"]) == ("COMPLETED", "0:0", "1", "tfn1")
     first, second = metrics(model_dir)["attempts"]
