@@ -21,8 +21,8 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def node_slurm():
     """`node_slurm(count, cred_expire_sec=...)`: the Slurm of `count` nodes (node_lib.up), or the test skipped
-    where it cannot run. Started once with two nodes for the session; taken down (namespaces and host names too)
-    at its end if any call started a daemon."""
+    where it cannot run. Taken down (namespaces and host names too) at the end of the session if any call
+    started a daemon."""
     started = []
 
     def up(count: int = node_lib.DEFAULT_NODES, **kwargs) -> node_lib.NodeSlurm:
@@ -30,7 +30,6 @@ def node_slurm():
         started.append(slurm.started_here)
         return slurm
 
-    up()
     yield up
     if any(started):
         node_lib.down()
