@@ -5,7 +5,7 @@ Everything lives in a directory of our own (/var/lib/towerflow-slurm, or $TOWERF
 cgroup.conf, state, spool, pid files and logs; /etc/slurm is never written. The daemons run with `-f <our conf>`
 and `LocalSlurm.env` holds SLURM_CONF for the client commands. Jobs get SLURM_CONF too (through sbatch's default
 --export=ALL, and from slurmd even with --export=NONE), so `scontrol` inside a job reaches this controller.
-Slurm's default ports, on 127.0.0.1; launch/two_node_slurm.py's Slurm can run beside it (other ports and
+Slurm's default ports, on 127.0.0.1; launch/node_slurm.py's Slurm can run beside it (other ports and
 directory). What the two share (packages, munge, config, daemons): launch/slurm_conf.py, launch/slurm_daemons.py.
 """
 

@@ -1,5 +1,5 @@
 """The configuration of a Slurm of our own on this machine (a *site*): launch/local_slurm.py's one node and
-launch/two_node_slurm.py's two. Each site has a directory of its own (slurm.conf, cgroup.conf, state, spool,
+launch/node_slurm.py's N. Each site has a directory of its own (slurm.conf, cgroup.conf, state, spool,
 pid files, logs; /etc/slurm is never written), a ClusterName, ports and first job id of its own, so that sites
 run side by side: the test session may have both up. Pure text and directories; the daemons are
 launch/slurm_daemons.py's.

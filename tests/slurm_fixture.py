@@ -17,16 +17,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: needs the local Slurm that tests/slurm_fixture.py brings up (root)")
 
 
-def session_slurm(up, down, what: str):
-    """For a session fixture: installs Slurm if needed and yields `up()`; skips where it cannot (fails with
-    TOWERFLOW_REQUIRE_SLURM=1); afterwards `down()`, only if `up()` started something."""
+def start_or_skip(up, what: str):
+    """`up()` after installing Slurm if needed; skips the test where it cannot (fails with
+    TOWERFLOW_REQUIRE_SLURM=1)."""
     try:
         slurm_daemons.install()
-        slurm = up()
+        return up()
     except slurm_daemons.SlurmUnavailable as e:
         if os.environ.get("TOWERFLOW_REQUIRE_SLURM") == "1":
             raise
         pytest.skip(f"no {what}: {e}")
+
+
+def session_slurm(up, down, what: str):
+    """For a session fixture: yields `start_or_skip(up)`; afterwards `down()`, only if `up()` started something."""
+    slurm = start_or_skip(up, what)
     yield slurm
     if slurm.started_here:
         down()

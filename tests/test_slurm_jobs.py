@@ -3,6 +3,8 @@ proctrack/cgroup): submitted with `python -m launch.slurm`, they finish, survive
 limit and a real preemption, and end with the weights of an uninterrupted run (`--deterministic`). Jobs of two
 tasks (srun, one chief and one worker on the one node) train the weights of one process with two towers."""
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -124,11 +126,30 @@ def test_a_short_job_finishes_and_names_its_job(capsys, slurm_env, tmp_path):
     assert [(a["slurm_job_id"], a["outcome"]) for a in metrics["attempts"]] == [(str(job_id), "finished")]
 
 
-def test_scontrol_requeue_mid_run_resumes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
-    model_dir = tmp_path / "requeued"
-    job_id = _submit(capsys, model_dir)
-    _wait_for_log(model_dir, job_id, r"step +500/")
-    subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
+@pytest.fixture(scope="module")
+def requeued_then_preempted(local_slurm, tmp_path_factory) -> tuple[int, str, int]:
+    """One job for two tests: `scontrol requeue` at step 500 of its first attempt, then preempted by an urgent
+    job 500 steps into its second. Returns the job id, its model_dir and the urgent job's id."""
+    model_dir = tmp_path_factory.mktemp("interrupted") / "run"
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        for name, value in {**local_slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
+            patch.setenv(name, value)  # sbatch and scontrol here, and the job (sbatch exports them)
+        assert launcher.main([f"--model_dir={model_dir}", "--cpus_per_task=1", "--", *TRAINER_FLAGS]) == 0
+        job_id = int(re.search(r"^submitted job (\d+)$", out.getvalue(), re.MULTILINE).group(1))
+        _wait_for_log(model_dir, job_id, r"step +500/")
+        subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
+    log = _wait_for_log(model_dir, job_id, r"resumed from .* at step \d+")  # the second attempt (the first is fresh)
+    resumed = int(re.search(r"resumed from .* at step (\d+)", log).group(1))
+    _wait_for_log(model_dir, job_id, rf"step +{(resumed // 100 + 5) * 100}/")
+    urgent_log = f"--output={model_dir}.urgent.log"
+    urgent = local_slurm.sbatch(
+        ["-p", "urgent", f"--cpus-per-task={local_slurm.cpus}", urgent_log, "--wrap", "sleep 2"], cwd=model_dir.parent
+    )
+    return job_id, str(model_dir), urgent
+
+
+def test_scontrol_requeue_mid_run_resumes_bitwise(slurm_env, requeued_then_preempted, reference_sha256):
+    job_id, model_dir, _ = requeued_then_preempted
     metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
     log = _log(model_dir, job_id)
     stopped = int(re.search(r"stopped by SIGTERM at step (\d+); checkpoint .* saved", log).group(1))
@@ -149,17 +170,12 @@ def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_
     assert f"time-limit warning: job {job_id} requeued (requeue 1, after " in _log(model_dir, job_id)
 
 
-def test_preemption_by_an_urgent_job_resumes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
-    model_dir = tmp_path / "preempted"
-    job_id = _submit(capsys, model_dir)
-    _wait_for_log(model_dir, job_id, r"step +500/")
-    urgent = slurm_env.sbatch(
-        ["-p", "urgent", f"--cpus-per-task={slurm_env.cpus}", f"--output={tmp_path}/urgent.log", "--wrap", "sleep 2"],
-        cwd=tmp_path,
-    )
+def test_preemption_by_an_urgent_job_resumes_bitwise(slurm_env, requeued_then_preempted, reference_sha256):
+    """The job's second attempt (after the requeue above) preempted: the urgent job runs, the job resumes."""
+    job_id, model_dir, urgent = requeued_then_preempted
     metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
     assert slurm_env.job_info(urgent)["JobState"] == "COMPLETED"
-    assert metrics["attempts"][0]["outcome"].startswith("stopped by signal 15 at step")
+    assert [a["outcome"].startswith("stopped by signal 15 at step") for a in metrics["attempts"]] == [True, True, False]
 
 
 # Two tasks x 1 tower, K=2 micro-batches: the weights of one process with 2 towers and the same K.

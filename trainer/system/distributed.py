@@ -73,8 +73,11 @@ def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) 
 
 
 def status_path(address: str) -> str:
-    """Where the chief writes a worker's status, on the worker's machine: unique per port, as servers are."""
-    return os.path.join("/tmp", f"towerflow-worker-{address.rpartition(':')[2]}.status")
+    """Where the chief writes a worker's status, on the worker's machine: unique per host and port, as servers
+    are. The host too: where machines share /tmp (the test Slurm's nodes, namespaces of one machine), the
+    workers of one job on several nodes have the same port, and one's end removed the other's exit code."""
+    host, _, port = address.rpartition(":")
+    return os.path.join("/tmp", f"towerflow-worker-{host.strip('[]')}-{port}.status")
 
 
 def tell_workers(cluster: Cluster, status) -> None:
