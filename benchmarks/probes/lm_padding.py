@@ -2,12 +2,14 @@
 the language model, in real (non-pad) target tokens per second of towerflow training.
 
 Records of mixed lengths: one per paragraph of the default corpus (`python -m data.prepare text
---documents=paragraphs --context=64`: 2 to 65 tokens, most far shorter than 65). Three ways to batch them, each
-a `data.feature_training_dataset` handed to towerflow's `build` (the task's model and loss; momentum SGD):
+--documents=paragraphs --context=64`: 2 to 65 tokens; at context 64, 70% of the records are a full window of
+a longer paragraph, so nearly every batch holds one; `--context=256` makes fewer full windows). Three ways to
+batch them, each a `data.feature_training_dataset` handed to towerflow's `build` (the task's model and loss;
+momentum SGD):
 
-  buckets      padded per batch to the smallest of the feature's buckets (8, 16, 32, 64, 65) holding its
-               longest: what the pipeline does now
-  max_length   every batch padded to 65 (buckets = (65,))
+  buckets      padded per batch to the smallest of the feature's buckets (8, 16, 32, 64, 65 at context 64)
+               holding its longest: what the pipeline does now
+  max_length   every batch padded to context + 1 (buckets = (max_length,))
   grouped      the buckets, after length grouping (`group_batches=P`: pools of P batches sorted by length)
 
 The three train in one process in alternating windows (A, B, C, A, B, C, ...; median of each). A window's
@@ -29,12 +31,12 @@ import time
 from benchmarks.harness import paths, timing
 
 WAYS = ("buckets", "max_length", "grouped")
-CONTEXT = 64
+CONTEXT = 64  # the default; --context changes how many paragraphs are cut into full windows
 
 
-def write_records(out_dir: str) -> str:
-    """The default corpus's paragraph records in `out_dir` (a subprocess: data.prepare's own checks); returns
-    the directory's train glob."""
+def write_records(out_dir: str, context: int = CONTEXT) -> str:
+    """The default corpus's paragraph records for `context` in `out_dir` (a subprocess: data.prepare's own
+    checks); returns the directory's train glob."""
     from data import text
 
     corpus = os.path.join(out_dir, "pydoc-topics.txt")
@@ -42,7 +44,7 @@ def write_records(out_dir: str) -> str:
         f.write(text.default_corpus()[0])
     records = os.path.join(out_dir, "records")
     command = [sys.executable, "-m", "data.prepare", "text", corpus, records, "--tokens=char",
-               f"--context={CONTEXT}", "--documents=paragraphs"]  # fmt: skip
+               f"--context={context}", "--documents=paragraphs"]  # fmt: skip
     subprocess.run(command, cwd=paths.REPO_ROOT, check=True, capture_output=True)
     return os.path.join(records, "train-*.tfrecord")
 
@@ -93,17 +95,17 @@ class Way:
         return seconds, real
 
 
-def build_ways(towers: int, batch: int, pool: int, model_dir: str) -> dict[str, Way]:
+def build_ways(towers: int, batch: int, pool: int, model_dir: str, context: int = CONTEXT) -> dict[str, Way]:
     """The three ways, built (not yet traced)."""
     import tasks
     from benchmarks.harness import reference
     from trainer.settings import config as cfg
 
-    train_glob = write_records(model_dir)
+    train_glob = write_records(model_dir, context)
     config = cfg.RunConfig(
         # --num_classes is unused by the language model, but the trainer asks for it with --train_data.
         data=cfg.DataConfig(train_data=train_glob, eval_data=train_glob.replace("train-*", "eval-*"), num_classes=2),
-        task=cfg.TaskConfig(name="lm", context=CONTEXT),
+        task=cfg.TaskConfig(name="lm", context=context),
         optimizer=cfg.OptimizerConfig(name="momentum", learning_rate=reference.LEARNING_RATE, schedule="constant"),
         towers=cfg.TowerConfig(num_towers=towers, device="cpu", parameter_device="cpu", global_batch_size=batch),
         loop=cfg.LoopConfig(model_dir=os.path.join(model_dir, "run"), train_steps=10**9),
@@ -146,10 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--towers", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
     parser.add_argument("--pool", type=int, default=16, help="grouped: batches per length-sorted pool")
+    parser.add_argument("--context", type=int, default=CONTEXT, help="the model's context (records of up to +1)")
     args = parser.parse_args(argv)
     print(f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="towerflow-lm-padding-") as work:
-        ways = build_ways(args.towers, args.batch, args.pool, work)
+        ways = build_ways(args.towers, args.batch, args.pool, work, args.context)
         rates = measure(ways, args.windows, args.window_sec, warmup_steps=3 * args.pool)
         for way in WAYS:
             ways[way].updater.close()
