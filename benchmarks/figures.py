@@ -50,7 +50,7 @@ RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
 
 # The Keras `fit` references' `steps_per_execution`, tuned per setting as a Keras user would: the fastest of the
 # values `python -m benchmarks.probes keras_spe` tried (rates in benchmarks/results/keras.md). Keras 3.15 has no "auto".
-KERAS_STEPS_PER_EXECUTION = {"cnn-digits": 32, "resnet20-synth": 8, "mlp-digits-b32": 8, "lm-pydoc": 8}
+KERAS_STEPS_PER_EXECUTION = {"cnn-digits": 32, "resnet20-synth": 8, "mlp-digits-b32": 8, "lm-pydoc": 32}
 
 
 def keras_fit_figures(setting: Setting, prefix: str = "", target_one: float = 1.0, group: str = "") -> list[Figure]:

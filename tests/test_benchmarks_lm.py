@@ -37,7 +37,7 @@ def test_the_lm_setting_has_exactly_its_three_keras_fit_figures():
     assert tuple(f.name for f in found) == figures.TASK_NAMES
     assert [f.target for f in found] == [0.95, 1.0, 1.0]
     assert [(f.a.kind, f.a.towers) for f in found] == [("towerflow", 1), ("towerflow", 2), ("towerflow", 4)]
-    assert [(f.b.kind, f.b.towers, f.b.steps_per_execution) for f in found] == [("keras_fit", n, 8) for n in (1, 2, 4)]
+    assert [(f.b.kind, f.b.towers, f.b.steps_per_execution) for f in found] == [("keras_fit", n, 32) for n in (1, 2, 4)]
     assert figures.select(found, ["lm"], SIZES["quick"]) == found
     assert figures.select(found, ["lm_tower2_vs_keras_fit_mirrored"], SIZES["quick"]) == found[1:2]
     # the image settings keep their figures
