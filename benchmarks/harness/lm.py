@@ -64,12 +64,18 @@ def towerflow_dataset(setting: Setting, records: dict, batch_size: int) -> tf.da
     return tf.data.Dataset.from_tensor_slices(cut).repeat()
 
 
-def keras_dataset(setting: Setting, records: dict) -> tf.data.Dataset:
-    """The same global batches as Keras's `fit` takes them: ((ids, lengths), targets, mask), repeated forever."""
-    tokens, lengths = memory_batches(setting, records["train"])
+def keras_batches(tokens: np.ndarray, lengths: np.ndarray) -> tuple:
+    """((ids, lengths), targets, mask) of records `tokens` [..., T + 1] of true `lengths` [...]: the model sees
+    tokens[:-1] and predicts tokens[1:]; mask is 1.0 where the target is real (position < length - 1)."""
     targets = tokens[..., 1:]
     mask = (np.arange(targets.shape[-1]) < (lengths - 1)[..., None]).astype(np.float32)
-    return tf.data.Dataset.from_tensor_slices(((tokens[..., :-1], lengths - 1), targets, mask)).repeat()
+    return (tokens[..., :-1], lengths - 1), targets, mask
+
+
+def keras_dataset(setting: Setting, records: dict) -> tf.data.Dataset:
+    """The same global batches as Keras's `fit` takes them (`keras_batches`), repeated forever."""
+    tokens, lengths = memory_batches(setting, records["train"])
+    return tf.data.Dataset.from_tensor_slices(keras_batches(tokens, lengths)).repeat()
 
 
 class LmTowerflowSide(TowerflowSide):
