@@ -103,7 +103,7 @@ def build_ways(towers: int, batch: int, pool: int, model_dir: str, context: int 
 
     train_glob = write_records(model_dir, context)
     config = cfg.RunConfig(
-        # --num_classes is unused by the language model, but the trainer asks for it with --train_data.
+        # --num_classes is unused by the language model; this branch's trainer still asks for it with --train_data.
         data=cfg.DataConfig(train_data=train_glob, eval_data=train_glob.replace("train-*", "eval-*"), num_classes=2),
         task=cfg.TaskConfig(name="lm", context=context),
         optimizer=cfg.OptimizerConfig(name="momentum", learning_rate=reference.LEARNING_RATE, schedule="constant"),
