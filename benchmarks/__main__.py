@@ -4,6 +4,7 @@
     python -m benchmarks --quick --out benchmarks/results/quick.json
     python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
     python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
+    python -m benchmarks --quick --settings=lm-pydoc --only=lm   # the language model against Keras fit
     python -m benchmarks --input [--smoke] [--out FILE]   # the input pipeline alone (benchmarks/input/alone.py)
 
 Each ratio is median(towerflow examples/sec) / median(reference examples/sec) over alternating timed
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--smoke", action="store_true", help="tiny windows, to check that everything runs")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--input", action="store_true", help="time the input pipeline alone on synthetic JPEGs")
-    figures_help = f"comma-separated figures: {', '.join(figure_defs.NAMES + tuple(figure_defs.INPUT_FIGURES))}"
+    names = figure_defs.NAMES + figure_defs.TASK_NAMES + tuple(figure_defs.INPUT_FIGURES)
+    figures_help = f"comma-separated figures: {', '.join(names)}"
     parser.add_argument("--only", type=_names, default=[], help=figures_help)
     parser.add_argument("--settings", type=_names, help=f"comma-separated settings: {', '.join(SETTINGS)}")
     parser.add_argument("--windows", type=int, help="timed windows per side (default depends on the size)")

@@ -19,8 +19,11 @@ class Setting:
     example_shape: tuple[int, ...]
     num_classes: int
     global_batch_size: int
-    data: str  # "digits" (the built-in 8x8 digits) or "synthetic" (data.prepare synthetic, cached)
+    data: str  # "digits" (the built-in 8x8 digits), "synthetic" (data.prepare synthetic, cached), "pydoc" (text)
     num_examples: int  # train examples (synthetic only; the digits have 1437)
+    # A built-in task (tasks.BUILT_IN) other than classification: its sides are benchmarks/harness/lm.py's, its
+    # example_shape is (context + 1,) tokens and num_classes is unused (the vocabulary is the records').
+    task: str = ""
 
     def describe(self) -> str:
         shape = "x".join(str(d) for d in self.example_shape)
@@ -35,6 +38,10 @@ SETTINGS = {
     "resnet20-synth": Setting("resnet20-synth", "resnet20", (32, 32, 3), 10, 64, "synthetic", 2048),
     # For --smoke, which checks that every figure runs: the mlp traces in half the time of the cnn.
     "mlp-digits-b32": Setting("mlp-digits-b32", "mlp", (8, 8, 1), 10, 32, "digits", 1437),
+    # The language model (tasks/lm.py, default sizes: 4 blocks of width 128, 0.83 M parameters) on the default
+    # corpus's windows of 65 chars (data.text.ensure_default_lm_data): 32 x 64 target tokens per step, ~0.1 s
+    # on 2 cores, 8 sequences per tower at 4 towers.
+    "lm-pydoc": Setting("lm-pydoc", "transformer_lm", (65,), 0, 32, "pydoc", 6541, task="lm"),
 }
 
 

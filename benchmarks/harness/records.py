@@ -40,6 +40,11 @@ def ensure_records(setting: Setting) -> dict:
         out = _python("-c", "import json, data; print(json.dumps(data.ensure_digits()))")
         train, evaluation = json.loads(out.strip().splitlines()[-1])
         return {"train": train, "eval": evaluation}
+    if setting.data == "pydoc":  # the language model's default corpus, char tokens, windows of example_shape[0]
+        context = setting.example_shape[0] - 1
+        code = f"import json; from data import text; print(json.dumps(text.ensure_default_lm_data({context}, 'char')))"
+        train, evaluation, _ = json.loads(_python("-c", code).strip().splitlines()[-1])
+        return {"train": train, "eval": evaluation}
     return _ensure_synthetic(setting)
 
 

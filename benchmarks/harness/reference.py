@@ -24,11 +24,15 @@ MOMENTUM = 0.9
 SEED = 0
 
 
-def _model_and_optimizer(setting: Setting):
+def model_and_optimizer(setting: Setting, build_model=None):
+    """The setting's model (`build_model()`, else its registered builder) and the references' optimizer."""
     # The dtype policy is process-wide and a towerflow bf16/fp16 side may have set it in this worker.
     keras.mixed_precision.set_global_policy("float32")
     keras.utils.set_random_seed(SEED)
-    model = models.build_model(setting.model, setting.example_shape, setting.num_classes)
+    if build_model is None:
+        model = models.build_model(setting.model, setting.example_shape, setting.num_classes)
+    else:
+        model = build_model()
     optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
     # Built up front: Keras 3 building its slots lazily inside a MirroredStrategy step fails.
     optimizer.build(model.trainable_variables)
@@ -40,7 +44,7 @@ class PlainSide:
 
     def __init__(self, setting: Setting, dataset: tf.data.Dataset):
         self.global_batch_size = setting.global_batch_size
-        self.model, self.optimizer = _model_and_optimizer(setting)
+        self.model, self.optimizer = model_and_optimizer(setting)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.iterator = iter(dataset)
         self._step_fn = tf.function(self._step)
@@ -86,7 +90,7 @@ class MirroredSide:
         self.global_batch_size = setting.global_batch_size
         self.strategy = mirrored_strategy(num_devices)
         with self.strategy.scope():
-            self.model, self.optimizer = _model_and_optimizer(setting)
+            self.model, self.optimizer = model_and_optimizer(setting)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         self.iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
         self._step_fn = tf.function(self._step)
@@ -164,15 +168,20 @@ class KerasFitSide:
         self.global_batch_size = setting.global_batch_size
         strategy = mirrored_strategy(num_devices) if num_devices > 1 else tf.distribute.get_strategy()
         with strategy.scope():
-            self.model, optimizer = _model_and_optimizer(setting)
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            metrics = ["accuracy"] if accuracy else []
-            self.model.compile(optimizer, loss, metrics=metrics, steps_per_execution=steps_per_execution)
+            self.model = self.compiled(setting, accuracy, steps_per_execution)
         self.pauses = _Pauses(steps_per_execution)
         fit = functools.partial(
             self.model.fit, dataset, epochs=1, steps_per_epoch=10**12, verbose=0, shuffle=False, callbacks=[self.pauses]
         )
         self.thread = threading.Thread(target=self._fit, args=(fit,), name="keras-fit", daemon=True)
+
+    def compiled(self, setting: Setting, accuracy: bool, steps_per_execution: int) -> keras.Model:
+        """The model, compiled (inside the strategy's scope); a task's peer overrides it (benchmarks/harness/lm.py)."""
+        model, optimizer = model_and_optimizer(setting)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        metrics = ["accuracy"] if accuracy else []
+        model.compile(optimizer, loss, metrics=metrics, steps_per_execution=steps_per_execution)
+        return model
 
     def _fit(self, fit) -> None:
         try:

@@ -50,11 +50,7 @@ class TowerflowSide:
     does."""
 
     def __init__(self, side: Side, setting: Setting, records: dict, model_dir: str):
-        config = run_config(side, setting, records, model_dir)
-        dataset = None
-        if side.input == "memory":
-            # every input stream (one per micro-batch index in sync, per tower in async) reads micro-batches
-            dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
+        config, dataset = self.config_and_dataset(side, setting, records, model_dir)
         self.trainer = build(config, train_dataset=dataset)
         self.updater = self.trainer.updater
         if side.slow_factor > 1:
@@ -72,6 +68,16 @@ class TowerflowSide:
             )
         variables = self.trainer.model.trainable_variables
         self.histogram_args = (variable_tags(variables), variables)
+
+    def config_and_dataset(self, side: Side, setting: Setting, records: dict, model_dir: str):
+        """(RunConfig, the memory micro-batches or None for the records): an image setting's; a task's sides
+        override it (benchmarks/harness/lm.py)."""
+        config = run_config(side, setting, records, model_dir)
+        dataset = None
+        if side.input == "memory":
+            # every input stream (one per micro-batch index in sync, per tower in async) reads micro-batches
+            dataset = inputs.memory_dataset(setting, records, config.towers.micro_batch_size)
+        return config, dataset
 
     def window(self, steps: int) -> tuple[float, int]:
         updates = steps * self.updates_per_step
@@ -107,7 +113,12 @@ class TowerflowSide:
 
 
 def make_side(side: Side, setting: Setting, records: dict, work_dir: str):
-    """Builds `side`; `work_dir` is a fresh directory for its model_dir (event files of histogram sides)."""
+    """Builds `side`; `work_dir` is a fresh directory for its model_dir (event files of histogram sides).
+    A setting with a task has its own sides (`Setting.task`: the one place that decides it)."""
+    if setting.task:
+        from benchmarks.harness import lm  # here, not at the top: lm builds on this module's TowerflowSide
+
+        return lm.make_side(side, setting, records, work_dir)
     if side.kind == "towerflow":
         return TowerflowSide(side, setting, records, os.path.join(work_dir, "model"))
     dataset = inputs.memory_dataset(setting, records, setting.global_batch_size)

@@ -14,6 +14,7 @@ COMMANDS = {
     "async_overhead": "benchmarks.probes.async_overhead",
     "keras_spe": "benchmarks.probes.keras_spe",
     "profile_summary": "benchmarks.probes.profile_summary",
+    "lm_padding": "benchmarks.probes.lm_padding",
 }
 
 if __name__ == "__main__":
