@@ -83,8 +83,7 @@ class LmTowerflowSide(TowerflowSide):
 
     def config_and_dataset(self, side: Side, setting: Setting, records: dict, model_dir: str):
         config = run_config(side, setting, records, model_dir)
-        # No --train_data: the task's default corpus, the records `records` names (records.ensure_records). With
-        # --train_data this branch's trainer asks for --num_classes (>= 2), which a language model does not use.
+        # No --train_data: the task's default corpus, the records `records` names (records.ensure_records).
         config = dataclasses.replace(config, data=DataConfig(), task=task_config(setting))
         dataset = None
         if side.input == "memory":

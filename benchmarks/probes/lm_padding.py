@@ -103,8 +103,7 @@ def build_ways(towers: int, batch: int, pool: int, model_dir: str, context: int 
 
     train_glob = write_records(model_dir, context)
     config = cfg.RunConfig(
-        # --num_classes is unused by the language model; this branch's trainer still asks for it with --train_data.
-        data=cfg.DataConfig(train_data=train_glob, eval_data=train_glob.replace("train-*", "eval-*"), num_classes=2),
+        data=cfg.DataConfig(train_data=train_glob, eval_data=train_glob.replace("train-*", "eval-*")),
         task=cfg.TaskConfig(name="lm", context=context),
         optimizer=cfg.OptimizerConfig(name="momentum", learning_rate=reference.LEARNING_RATE, schedule="constant"),
         towers=cfg.TowerConfig(num_towers=towers, device="cpu", parameter_device="cpu", global_batch_size=batch),
