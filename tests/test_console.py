@@ -56,7 +56,8 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
     assert "step       1/12  loss " in out and "first step " in out
     assert "step       6/12" in out and "ex/s  eta 0:00:" in out
     assert "done: step 12 in 0:00:" in out
-    assert f"eval accuracy {metrics['eval_accuracy']:.4f}" in out
+    assert f"; eval loss {metrics['eval_loss']:.4f}, accuracy {metrics['eval_accuracy']:.4f} (" in out
+    assert "task       classify" in out
     assert f"outputs: {tmp_path / 'run' / 'metrics.json'}" in out and f"--logdir={tmp_path / 'run'}" in out
     assert out.index("model      cnn") < out.index("step       1/12") < out.index("done: step 12")
     assert "warning" not in out and metrics["cost_warnings"] == []  # float32, no XLA: nothing known to cost

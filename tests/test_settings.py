@@ -30,7 +30,7 @@ def _fields() -> set[str]:
 
 def test_every_setting_is_one_row_of_the_table_and_every_row_one_setting():
     assert set(table.BY_FIELD) == _fields() - NOT_FLAGS
-    assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 57
+    assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 68
     assert set(table.GROUPS) == {flag.group for flag in table.FLAGS}
     assert {flag.resume for flag in table.FLAGS} == {FIXED, FREE}
 
@@ -114,7 +114,7 @@ def test_resume_records_exactly_the_fixed_settings():
     recorded = rundir.defining_settings(modes.settle(cfg.RunConfig()))
     fixed = {f.field for f in table.FLAGS if f.resume == FIXED} - {"towers.micro_batches"}
     sync_free = {"towers.num_towers", "towers.num_tasks"}
-    code = {"towers.gradient_order"}  # recorded from the code, not a flag (rundir.CODE)
+    code = {"towers.gradient_order", "towers.loss_reduction"}  # recorded from the code, not a flag (rundir.CODE)
     assert set(recorded) == (fixed | {"towers.num_micro_batches"} | code) - sync_free
     assert recorded["data.normalize"] == "none" and recorded["towers.num_micro_batches"] == 1
-    assert recorded["towers.gradient_order"] == "tree"
+    assert recorded["towers.gradient_order"] == "tree" and recorded["towers.loss_reduction"] == "weighted_sum"

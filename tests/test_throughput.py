@@ -26,7 +26,7 @@ def test_a_start_of_one_window_reports_that_window():
 
 def test_a_log_interval_rates_only_what_the_throughput_counted():
     throughput, interval = progress.Throughput(), progress.LogInterval()
-    values = {"loss": 1.0, "accuracy": 0.5, "grad_norm": 2.0, "learning_rate": 0.1}
+    values = {"loss": 1.0, "metrics": {"accuracy": 0.5}, "grad_norm": 2.0, "learning_rate": 0.1}
     interval.add(1, values, 3.0, throughput.add(1, 3.0, 1, 2.5, 64))
     assert interval.examples_per_sec is None and "examples_per_sec" not in interval.scalars()  # warm-up only
     interval.reset()

@@ -87,10 +87,15 @@ def run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale=Non
         loss, weight = weighted_sums(task, outputs, batch)
         total = loss + weight * tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else loss
         if loss_scale is not None:
-            total = total * loss_scale
+            # fp16: the backward pass runs in 16 bits, where a sum over the micro-batch's examples (tokens)
+            # would overflow at the loss scale a mean fits in; differentiate the mean, scaled, and multiply the
+            # float32 gradients by the weight after (below).
+            total = per_weight(total, weight) * loss_scale
     # An embedding's gradient comes as IndexedSlices (the rows the batch used): made dense here, so every
     # gradient is summed along the tree the same way.
     grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in tape.gradient(total, trainable)]
+    if loss_scale is not None:
+        grads = [g * tf.cast(weight, g.dtype) for g in grads]
     return MicroBatchResult(loss, weight, task_metrics(task, outputs, batch), grads, new_non_trainable)
 
 
