@@ -110,22 +110,3 @@ class TowerflowSide:
         self.updater.close()  # the async mode stops its tower threads
         if self.summaries is not None:
             self.summaries.close()
-
-
-def make_side(side: Side, setting: Setting, records: dict, work_dir: str):
-    """Builds `side`; `work_dir` is a fresh directory for its model_dir (event files of histogram sides).
-    A setting with a task has its own sides (`Setting.task`: the one place that decides it)."""
-    if setting.task:
-        from benchmarks.harness import lm  # here, not at the top: lm builds on this module's TowerflowSide
-
-        return lm.make_side(side, setting, records, work_dir)
-    if side.kind == "towerflow":
-        return TowerflowSide(side, setting, records, os.path.join(work_dir, "model"))
-    dataset = inputs.memory_dataset(setting, records, setting.global_batch_size)
-    if side.kind == "plain":
-        return reference.PlainSide(setting, dataset)
-    if side.kind == "mirrored":
-        return reference.MirroredSide(setting, dataset, side.towers)
-    if side.kind == "keras_fit":
-        return reference.KerasFitSide(setting, dataset, side.towers, side.steps_per_execution, side.keras_accuracy)
-    raise ValueError(f"unknown side kind {side.kind!r}")

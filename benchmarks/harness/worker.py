@@ -63,7 +63,7 @@ class Server:
     def build(self, side_id: str, side: dict, setting: dict, records: dict, trace_steps: int) -> dict:
         """Builds a side and runs its first window (`trace_steps` steps), which traces its step functions."""
         from benchmarks.harness.plan import Setting, Side
-        from benchmarks.harness.sides import make_side
+        from benchmarks.harness.side_factory import make_side
 
         side = Side(**side)
         if side.session_key != self.key:
