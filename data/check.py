@@ -50,7 +50,7 @@ class BadRecord:
         return f"file {self.path}: record {self.index} (byte offset {self.offset}) {self.problem}"
 
 
-class _Corrupt(Exception):
+class Corrupt(Exception):
     def __init__(self, index: int, offset: int, reason: str):
         super().__init__(reason)
         self.index, self.offset, self.reason = index, offset, reason
@@ -75,7 +75,7 @@ def scan_file(path: str, stop_after: int | None = None) -> Iterator[tuple[int, i
         stop_after: Stop after the record of this index (None: read to the end).
 
     Raises:
-        _Corrupt: At the first damaged frame, with its index and offset.
+        Corrupt: At the first damaged frame, with its index and offset.
     """
     index, offset = 0, 0
     batches = iter(tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH))
@@ -98,9 +98,9 @@ def _raise_corrupt_from(path: str, index: int, offset: int) -> None:
         try:
             record = next(records)
         except tf.errors.DataLossError as e:
-            raise _Corrupt(index, offset, f"TensorFlow: {first_line(e.message)}") from None
+            raise Corrupt(index, offset, f"TensorFlow: {first_line(e.message)}") from None
         except StopIteration:
-            raise _Corrupt(index, offset, "unreadable once, then readable: an I/O error?") from None
+            raise Corrupt(index, offset, "unreadable once, then readable: an I/O error?") from None
         index, offset = index + 1, offset + len(record.numpy()) + FRAME_BYTES
 
 
@@ -272,7 +272,7 @@ def _bad_in_batch(path: str, start: int, info: RecordInfo, num_classes: int | No
             problem = record_problem(record, info, num_classes, decode) if index >= start else None
             if problem:
                 return BadRecord(path, index, offset, problem)
-    except _Corrupt as e:
+    except Corrupt as e:
         return BadRecord(path, e.index, e.offset, e.reason, corrupt=True)
     except tf.errors.OpError as e:  # not the content: the file is gone or unreadable
         return BadRecord(path, start, None, f"cannot be read (TensorFlow: {first_line(e.message)})")

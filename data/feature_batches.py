@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from data.pipeline import _IN_ORDER
+from data.pipeline import IN_ORDER
 from data.schema import DataError, Feature, FeatureSchema
 
 LENGTH_SUFFIX = "_length"
@@ -43,7 +43,7 @@ def padded_batches(examples: tf.data.Dataset, schema: FeatureSchema, batch_size:
     bucket that holds it."""
     padded = padded_keys(schema, examples.element_spec[0])[0]
     batches = examples.padded_batch(batch_size, drop_remainder=drop, padding_values=_padding_values(examples, padded))
-    return batches.map(lambda batch, positions: (_to_buckets(schema, padded, batch), positions[-1]), **_IN_ORDER)
+    return batches.map(lambda batch, positions: (_to_buckets(schema, padded, batch), positions[-1]), **IN_ORDER)
 
 
 def grouped_batches(
@@ -77,9 +77,9 @@ def grouped_batches(
         after = tf.where(done < pool_batches, mid, end[None])
         return {key: tf.gather(value, rows) for key, value in outputs.items()}, after
 
-    batches = pools.map(cut, **_IN_ORDER).unbatch().skip(skip)
+    batches = pools.map(cut, **IN_ORDER).unbatch().skip(skip)
     # Positions per batch: the last batch's is a checkpoint's, the others' are resumable too.
-    return batches.map(lambda batch, position: (_to_buckets(schema, padded, batch, trim=True), position), **_IN_ORDER)
+    return batches.map(lambda batch, position: (_to_buckets(schema, padded, batch, trim=True), position), **IN_ORDER)
 
 
 def _padding_values(examples: tf.data.Dataset, padded: dict[str, Feature]):

@@ -29,7 +29,7 @@ from data import augment as augment_lib
 from data import order as order_lib
 from data.feature_batches import LENGTH_SUFFIX, grouped_batches, padded_batches, padded_keys
 from data.features import parse_spec
-from data.pipeline import _IN_ORDER, Stream, _drop, _finished, _registered
+from data.pipeline import IN_ORDER, Stream, drop_last, finished, registered
 from data.schema import DataError, FeatureSchema, RecordInfo
 
 # The epoch of every eval record's seed: training epochs count from 0, so eval seeds are never training's.
@@ -65,7 +65,7 @@ def feature_training_dataset(
         DataError: If the stream has an image preprocess, or preprocess's outputs cannot be padded.
     """
     _check_stream(stream)
-    bad_records = _registered(info, stream, training=True)
+    bad_records = registered(info, stream, training=True)
     share = order_lib.training_share(info.files, stream.worker_index, stream.num_workers)
     key = augment_lib.stream_key(stream.seed, stream.worker_index)
     read = bad_records.chunk_reader(info)
@@ -80,10 +80,10 @@ def feature_training_dataset(
         pool_key = tf.random.experimental.stateless_fold_in(key, _GROUP_SALT)
         batches = grouped_batches(examples, info.schema, stream.batch_size, group_batches, pool_key, start[2])
     else:
-        batches = padded_batches(examples, info.schema, stream.batch_size, _drop(stream, True))
+        batches = padded_batches(examples, info.schema, stream.batch_size, drop_last(stream, True))
     if resume_from is None:
-        return _finished(batches.map(lambda batch, position: batch))
-    return _finished(batches)
+        return finished(batches.map(lambda batch, position: batch))
+    return finished(batches)
 
 
 def feature_eval_dataset(info: RecordInfo, stream: Stream, preprocess) -> tf.data.Dataset:
@@ -94,13 +94,13 @@ def feature_eval_dataset(info: RecordInfo, stream: Stream, preprocess) -> tf.dat
         DataError: As `feature_training_dataset`.
     """
     _check_stream(stream)
-    _registered(info, stream, training=False)
+    registered(info, stream, training=False)
     key = augment_lib.stream_key(stream.seed, stream.worker_index)
     records = order_lib.eval_records(info.files, stream.worker_index, stream.num_workers)
     at_eval_epoch = lambda make: lambda index, record: make(EVAL_EPOCH, (index, record))
     examples = _mapped(records.enumerate(), _example_maker(info.schema, preprocess, key, False), at_eval_epoch)
-    batches = padded_batches(examples, info.schema, stream.batch_size, _drop(stream, False))
-    return _finished(batches.map(lambda batch, position: batch))
+    batches = padded_batches(examples, info.schema, stream.batch_size, drop_last(stream, False))
+    return finished(batches.map(lambda batch, position: batch))
 
 
 def example_seed(stream_key: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
@@ -142,7 +142,7 @@ def _example_maker(schema: FeatureSchema, preprocess, stream_key: tf.Tensor, tra
 def _mapped(records: tf.data.Dataset, make_and_problems, wrap=None) -> tf.data.Dataset:
     """`records.map(make)` (through `wrap(make)`), or the DataError tracing `make` found."""
     make, problems = make_and_problems
-    examples = records.map(wrap(make) if wrap else make, **_IN_ORDER)
+    examples = records.map(wrap(make) if wrap else make, **IN_ORDER)
     if problems:
         raise DataError(problems[0])
     return examples

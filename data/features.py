@@ -19,7 +19,7 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 from data import check
-from data.inspect import _read_first_example, list_files
+from data.inspect import list_files, read_first_example
 from data.schema import FRAME_BYTES, DataError, Feature, FeatureSchema, RecordInfo
 
 KINDS = {"int64": "int64_list", "float32": "float_list", "string": "bytes_list"}
@@ -58,7 +58,7 @@ def inspect_feature_records(pattern: str, schema: FeatureSchema, what: str = "da
     """
     files = list_files(pattern, what=what)
     for path in files:
-        problem = example_problem(_read_first_example(path).features.feature, schema)
+        problem = example_problem(read_first_example(path).features.feature, schema)
         if problem is not None:
             key, text = problem
             raise DataError(f"task '{schema.task}': feature '{key}' of {path} {text}")
@@ -206,7 +206,7 @@ def _bad_in_batch(path: str, start: int, schema: FeatureSchema) -> tuple[str, bo
             problem = example_problem(features, schema)
             if problem is not None:
                 return _named(schema, problem[0], path, index, problem[1]), False
-    except check._Corrupt as e:  # noqa: SLF001 (data.check's own search signal)
+    except check.Corrupt as e:  # data.check's search signal
         return f"task '{schema.task}': {path} record {e.index} at byte offset {e.offset} is corrupt ({e.reason})", True
     except tf.errors.OpError as e:
         return f"task '{schema.task}': {path} cannot be read (TensorFlow: {check.first_line(e.message)})", False

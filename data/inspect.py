@@ -59,7 +59,7 @@ def inspect_records(pattern: str, schema: ImageSchema | DenseSchema | None = Non
             record is not a tf.train.Example, a key of the schema is missing, or the image cannot be decoded.
     """
     files = list_files(pattern, what=what)
-    features = _read_first_example(files[0]).features.feature
+    features = read_first_example(files[0]).features.feature
     if schema is None:
         schema = _detect_schema(features, files[0])
     _check_keys(schema, features, files[0])
@@ -70,7 +70,7 @@ def inspect_records(pattern: str, schema: ImageSchema | DenseSchema | None = Non
     return RecordInfo(schema=schema, example_shape=shape, files=files)
 
 
-def _read_first_example(path: str) -> tf.train.Example:
+def read_first_example(path: str) -> tf.train.Example:
     try:
         records = list(tf.data.TFRecordDataset(path).take(1))
     except tf.errors.DataLossError as e:

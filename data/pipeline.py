@@ -110,14 +110,14 @@ def training_dataset(
             bit. Each epoch's order is computed in one step (`data.order.StreamOrder`) and each batch
             gathered by id, with no tf.data element per record. Keep it across rebuilds of the stream.
     """
-    bad_records = _registered(info, stream, training=True)
+    bad_records = registered(info, stream, training=True)
     share = order_lib.training_share(info.files, stream.worker_index, stream.num_workers)
     where = _Start(share, augment_lib.stream_key(stream.seed, stream.worker_index), resume_from or (0, 0))
     if cache is None:
         parse, batches = _from_files(info, stream, where, bad_records)
     else:
         parse, batches = _from_cache(info, stream, where, cache)
-    return _finished(batches.map(_with_position(parse, keep=resume_from is not None), **_IN_ORDER))
+    return finished(batches.map(_with_position(parse, keep=resume_from is not None), **IN_ORDER))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _from_files(info: RecordInfo, stream: Stream, start: _Start, bad_records: Ba
     parse = batch_parser(info, stream.num_classes, preprocess=stream.preprocess, training=True, stream_key=start.key)
     read = bad_records.chunk_reader(info)
     records = order_lib.training_records(start.share, stream.seed, stream.shuffle_buffer, read, start.position)
-    return parse, order_lib.position_batches(records, stream.batch_size, _drop(stream, True))
+    return parse, order_lib.position_batches(records, stream.batch_size, drop_last(stream, True))
 
 
 def _from_cache(info: RecordInfo, stream: Stream, start: _Start, cache: DecodedRecords):
@@ -142,18 +142,18 @@ def _from_cache(info: RecordInfo, stream: Stream, start: _Start, cache: DecodedR
     _check_cache(cache, start.share, stream.worker_index)
     parse = cached_parser(cache, info, stream.preprocess or Preprocess(), start.key)
     ids = order_lib.stream_order(cache.starts, cache.counts, start.share, stream.seed, stream.shuffle_buffer)
-    return parse, order_lib.id_batches(ids, start.position, stream.batch_size, _drop(stream, True))
+    return parse, order_lib.id_batches(ids, start.position, stream.batch_size, drop_last(stream, True))
 
 
 def eval_dataset(info: RecordInfo, stream: Stream) -> tf.data.Dataset:
     """This worker's files in order, each record once, no shuffle, the last batch maybe short. With fewer
     files than workers, every eval worker reads all files and keeps every num_workers-th record."""
-    _registered(info, stream, training=False)
+    registered(info, stream, training=False)
     records = order_lib.eval_records(info.files, stream.worker_index, stream.num_workers)
     # Parse whole batches: one vectorized parse op per batch instead of one per example. Per-element
     # tf.data overhead dominates small images: this reads the 8x8 digits ~1.5x faster on 2 cores.
-    batches = records.batch(stream.batch_size, drop_remainder=_drop(stream, False))
-    return _finished(batches.map(batch_parser(info, stream.num_classes, preprocess=stream.preprocess), **_IN_ORDER))
+    batches = records.batch(stream.batch_size, drop_remainder=drop_last(stream, False))
+    return finished(batches.map(batch_parser(info, stream.num_classes, preprocess=stream.preprocess), **IN_ORDER))
 
 
 def decode_share(
@@ -175,17 +175,17 @@ def decode_share(
     return decode_records(info, files, num_classes, bad_records or BadRecords())
 
 
-_IN_ORDER = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True}
+IN_ORDER = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True}
 
 
-def _registered(info: RecordInfo, stream: Stream, training: bool) -> BadRecords:
+def registered(info: RecordInfo, stream: Stream, training: bool) -> BadRecords:
     """The stream's bad-record budget (a budget of 0 when it has none), told what this pipeline reads."""
     bad_records = stream.bad_records or BadRecords()
     bad_records.register(info, stream.num_classes, training)
     return bad_records
 
 
-def _drop(stream: Stream, training: bool) -> bool:
+def drop_last(stream: Stream, training: bool) -> bool:
     """Whether to drop a short last batch: as the stream says, else in training only."""
     return training if stream.drop_remainder is None else stream.drop_remainder
 
@@ -203,7 +203,7 @@ def _with_position(parse, keep: bool):
     return parse_with_position
 
 
-def _finished(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def finished(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` prefetched, with the options every pipeline runs under."""
     options = tf.data.Options()
     options.deterministic = True
