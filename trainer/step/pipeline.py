@@ -65,10 +65,8 @@ class PipelineRunner:
         per_pipeline = num_micro_batches // self.num_pipelines
         self.order = schedules.build_order(schedules.SCHEDULES[schedule](self.num_stages, per_pipeline))
         owner = stages_lib.stage_of_variables(model, stages)
-        self._trainable = [[i for i, v in enumerate(model.trainable_variables) if owner[id(v)] == s] for s in range(self.num_stages)]
-        self._non_trainable = [
-            [i for i, v in enumerate(model.non_trainable_variables) if owner[id(v)] == s] for s in range(self.num_stages)
-        ]
+        self._trainable = _indices_by_stage(model.trainable_variables, owner, self.num_stages)
+        self._non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
 
     def run_metrics(self, timings: dict) -> dict:
@@ -182,6 +180,11 @@ class PipelineRunner:
         grads = [flow.grads[i] for i in range(len(self.model.trainable_variables))]
         state = [flow.new_state[i] for i in range(len(self.model.non_trainable_variables))]
         return tw.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
+
+
+def _indices_by_stage(variables, owner: dict, num_stages: int) -> list[list[int]]:
+    """Per stage, the indices in `variables` of those it owns (`owner`: id -> stage)."""
+    return [[i for i, v in enumerate(variables) if owner[id(v)] == s] for s in range(num_stages)]
 
 
 class _Clock:

@@ -51,7 +51,7 @@ class TowerRunner:
         return {}
 
 
-def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, pipeline_stages: int, schedule: str):
+def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, pipeline_stages: int, schedule):
     """The runner of a sync step: `PipelineRunner` over `pipeline_stages` stages, or `TowerRunner` for 1."""
     if pipeline_stages == 1:
         return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
