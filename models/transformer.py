@@ -24,6 +24,7 @@ from keras import layers, ops
 
 from models.common import NamedDropout
 from models.registry import ModelError
+from models.stages import Piece
 
 POSITIONS = ("learned", "rotary")
 _MASKED = -1e9  # added to a masked score in float32; exp() of it is 0, and a row never is all masked
@@ -104,6 +105,23 @@ class TransformerLM(keras.Model):
         self.head = layers.Dense(vocab_size, use_bias=False, name="head")
 
     def call(self, inputs, training=False):
+        for piece in self.pipeline_pieces():
+            inputs = piece.call(inputs, training)
+        return inputs
+
+    def pipeline_pieces(self) -> list[Piece]:
+        """The places a pipeline may cut this model (`models.stages`): the embedding ((ids, lengths) -> (x,
+        mask)), each block ((x, mask) -> (x, mask)), the final norm and head ((x, mask) -> logits). `call` runs
+        these same pieces, so a cut computes exactly the ops of the whole model."""
+        embedding = (self.token_embedding, self.position_embedding, self.embedding_dropout)
+        blocks = [Piece(block.name, _block_call(block), (block,)) for block in self.blocks]
+        return [
+            Piece("embedding", self._embed, tuple(layer for layer in embedding if layer is not None)),
+            *blocks,
+            Piece("head", self._head, (self.final_norm, self.head)),
+        ]
+
+    def _embed(self, inputs, training):
         ids, lengths = inputs if isinstance(inputs, (tuple, list)) else (inputs, None)
         length = ops.shape(ids)[1]
         if isinstance(length, int) and length > self.context:
@@ -111,11 +129,18 @@ class TransformerLM(keras.Model):
         x = ops.cast(self.token_embedding(ids), self.compute_dtype)
         if self.position_embedding is not None:
             x = x + ops.cast(self.position_embedding(ops.arange(length)), self.compute_dtype)[None]
-        x = self.embedding_dropout(x, training=training)
-        mask = attention_mask(length, lengths)
-        for block in self.blocks:
-            x = block(x, mask, training=training)
-        return ops.cast(self.head(self.final_norm(x)), "float32")
+        return self.embedding_dropout(x, training=training), attention_mask(length, lengths)
+
+    def _head(self, carried, training):
+        return ops.cast(self.head(self.final_norm(carried[0])), "float32")
+
+
+def _block_call(block):
+    def call(carried, training):
+        x, mask = carried
+        return block(x, mask, training=training), mask
+
+    return call
 
 
 def attention_mask(length, lengths=None):

@@ -24,7 +24,7 @@ from trainer.settings import config as cfg
 
 K = 4
 STEPS = 6
-SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
+SIZES = ("--lm_layers=2", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
 OPTIMIZER = ("--optimizer=adamw", "--learning_rate=0.003", "--global_batch_size=8", f"--micro_batches={K}")
 
 
@@ -56,7 +56,7 @@ def _config(make_config, paragraphs, tmp_path, name: str, num_towers: int, **dat
         data={"train_data": paragraphs["train_data"], "eval_data": paragraphs["eval_data"], **data},
         optimizer={"name": "adamw", "learning_rate": 0.003},
     )
-    task = cfg.TaskConfig(name="lm", layers=1, heads=2, width=16, context=32)
+    task = cfg.TaskConfig(name="lm", layers=2, heads=2, width=16, context=32)
     return dataclasses.replace(config, task=task)
 
 
@@ -85,6 +85,40 @@ def test_the_weights_are_those_of_one_tower_for_any_number_of_towers(
     # Eval splits each batch over the towers, so its sums are grouped by tower: equal to float32 rounding.
     assert result["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-6)
     assert result["eval_bits_per_byte"] == pytest.approx(reference["eval_bits_per_byte"], rel=1e-6)
+
+
+@pytest.mark.parametrize("num_towers, num_stages, schedule", [(4, 4, "1f1b"), (4, 2, "gpipe")])
+def test_through_pipeline_stages_the_weights_are_those_of_one_tower(
+    make_config, paragraphs, reference, tmp_path, num_towers, num_stages, schedule
+):
+    """The embedding, the two blocks and the head on 4 stages (1 pipeline), or 2 pipelines of 2 stages: the
+    same bits as one tower without stages (docs/pipelines.md)."""
+    from trainer.loop.run import train
+
+    config = _config(make_config, paragraphs, tmp_path, f"s{num_stages}", num_towers)
+    towers = dataclasses.replace(config.towers, pipeline_stages=num_stages, pipeline_schedule=schedule)
+    result = train(dataclasses.replace(config, towers=towers))
+    assert result["weights_sha256"] == reference["weights_sha256"]
+    assert result["train_loss"] == reference["train_loss"]
+    assert result["pipeline"]["stage_pieces"][0].startswith("embedding")
+    assert result["pipeline"]["stage_pieces"][-1].endswith("head")
+
+
+def test_killed_on_two_tasks_of_two_stages_a_run_resumes_on_four_stages_bitwise(paragraphs, reference, tmp_path):
+    """Stages within a machine, pipelines across machines (2 tasks x 1 pipeline of 2 stages), SIGKILLed after its
+    step-3 checkpoint, resumed by one process as one pipeline of 4 stages: the one-tower weights. A checkpoint
+    does not depend on S."""
+    flags = _flags(paragraphs, "--checkpoint_every_steps=3")
+    job = Job(tmp_path / "run", tf_config_envs(2), 2, *flags, "--pipeline_stages=2")
+    job.wait_for_step(4)
+    job.kill()
+    assert glob.glob(str(tmp_path / "run" / "checkpoints" / "ckpt-3.index")), "no checkpoint before the kill"
+    rerun = Job(tmp_path / "run", [{}], 4, *flags, "--pipeline_stages=4", "--pipeline_schedule=gpipe")
+    assert rerun.wait() == [0], rerun.output(0)[-3000:]
+    assert "at step 3" in rerun.output(0)
+    result = metrics(tmp_path / "run")
+    assert result["weights_sha256"] == reference["weights_sha256"]
+    assert (result["pipeline"]["stages"], result["pipeline"]["schedule"]) == (4, "gpipe")
 
 
 def test_two_tasks_of_two_towers_train_the_weights_of_one_tower(paragraphs, reference, tmp_path):

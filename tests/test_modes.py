@@ -131,6 +131,7 @@ def test_async_adds_staleness_to_metrics_json_and_sync_its_mirrored_variables():
     variables = [types.SimpleNamespace(path="dense1/kernel"), types.SimpleNamespace(path="dense1/bias")]
     synced = types.SimpleNamespace(model=types.SimpleNamespace(trainable_variables=variables))
     synced.mirrors = types.SimpleNamespace(indices=[0])  # sync adds its mirrored variables, no staleness
+    synced.runner, synced.last_timings = types.SimpleNamespace(run_metrics=lambda timings: {}), {}
     assert modes.mode_for("sync").run_metrics(cfg.RunConfig(), synced) == {"mirrored_variables": ["dense1/kernel"]}
 
 

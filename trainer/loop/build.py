@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import data
 import tasks
+from models import stages
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.inputs import Inputs, eval_dataset_fn, train_iterators
 from trainer.loop.records import reader_for
@@ -126,7 +127,13 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
 
 
 def _build_placed_model(config: RunConfig, placement: devices.Placement, task: tasks.Task):
-    build_fn = task.build_model
+    """The task's model with its variables where they live: all on the parameter device; spread, each on its
+    owner; with pipeline stages, each on its stage's device of the first pipeline."""
+    build_fn, num_stages = task.build_model, config.towers.pipeline_stages
+    reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
+    if num_stages > 1:
+        owners_of = lambda model: stages.variable_stages(model, num_stages)  # noqa: E731
+        return spread.build_spread(build_fn, placement.towers[:num_stages], reseed, owners_of=owners_of)
     if not placement.spread_over:
         return build_fn()
     loss_scaled = optim.loss_scaled(config.towers.mixed_precision)
@@ -134,7 +141,6 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
     def later(model):  # the variables that will be mirrored are assigned after the others (`spread.assign`)
         return mirrors.flags(model, placement.num_tasks, placement.spread_over, loss_scaled)
 
-    reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
     return spread.build_spread(build_fn, placement.spread_over, reseed, later)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 
 DEVICE_KINDS = ("gpu", "cpu")
 PARAMETER_DEVICES = ("gpu", "cpu", "spread")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 UPDATE_MODES = ("sync", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")
@@ -194,12 +195,19 @@ class TowerConfig:
     max_staleness: int = -1  # async: bound on an update's staleness; negative: unbounded
     jit_compile: bool = False  # XLA-compile the step
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
+    pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline)
+    pipeline_schedule: str = "1f1b"
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
 
     @property
     def total_towers(self) -> int:
         """Towers of the whole run: --num_gpus on each of `num_tasks` tasks."""
         return self.num_towers * self.num_tasks
+
+    @property
+    def num_pipelines(self) -> int:
+        """Pipelines of the whole run: each of S stages on its own device, so total towers / S."""
+        return self.total_towers // self.pipeline_stages
 
     @property
     def num_micro_batches(self) -> int:

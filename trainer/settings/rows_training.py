@@ -74,6 +74,25 @@ def towers() -> list[Flag]:
             "unbounded.",
         ),
         Flag(
+            "pipeline_stages",
+            "towers.pipeline_stages",
+            g,
+            "S: cut the model into S consecutive stages, each on its own device, for a model too large for one "
+            "(docs/pipelines.md). The --num_gpus devices of a task form --num_gpus/S pipelines (data parallel "
+            "across them); each micro-batch flows through one. Same weights bitwise as S=1 at fixed K. Sync only.",
+            FREE,
+            check=at_least(1),
+        ),
+        Flag(
+            "pipeline_schedule",
+            "towers.pipeline_schedule",
+            g,
+            "Order of each stage's forward and backward passes with --pipeline_stages: 1f1b (at most S "
+            "micro-batches' activations kept per stage) or gpipe (fill-drain: all K). Same weights bitwise.",
+            FREE,
+            cfg.PIPELINE_SCHEDULES,
+        ),
+        Flag(
             "xla",
             "towers.jit_compile",
             g,

@@ -56,6 +56,29 @@ def _towers(t: cfg.TowerConfig) -> None:
         t.global_batch_size % k == 0,
         f"--global_batch_size ({t.global_batch_size}) must be divisible by --micro_batches ({k})",
     )
+    _pipeline(t)
+
+
+def _pipeline(t: cfg.TowerConfig) -> None:
+    """What --pipeline_stages needs (the update mode refuses it on its own: `trainer.step.modes`)."""
+    s = t.pipeline_stages
+    if s == 1:
+        return
+    require(
+        t.num_towers % s == 0,
+        f"--pipeline_stages ({s}) must divide --num_gpus ({t.num_towers}): each task's devices form whole "
+        "pipelines (a pipeline never spans machines)",
+    )
+    require(
+        t.parameter_device != "spread",
+        "--parameter_device=spread cannot be used with --pipeline_stages: each stage's variables live on its "
+        "own device already; use gpu or cpu (where the step counter and loss sums live)",
+    )
+    for flag, value, why in (
+        ("--mixed_precision=fp16", t.mixed_precision == "fp16", "its loss scale is not carried through the stages"),
+        ("--xla", t.jit_compile, "XLA would compile each stage's pass apart, which is not built"),
+    ):
+        require(not value, f"{flag} cannot be used with --pipeline_stages ({s}) yet: {why}; use S=1 for it")
 
 
 def task_counts(micro_batches: int, towers_per_task: int) -> list[int]:

@@ -74,7 +74,10 @@ class SyncMode(UpdateMode):
     def run_metrics(self, config: RunConfig, updater: Updater) -> dict:
         """The variables kept on every task, their gradients all-reduced (`trainer.step.mirrors`)."""
         variables = updater.model.trainable_variables
-        return {"mirrored_variables": [variables[i].path for i in updater.mirrors.indices]}
+        return {
+            "mirrored_variables": [variables[i].path for i in updater.mirrors.indices],
+            **updater.runner.run_metrics(updater.last_timings),
+        }
 
     def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
         from trainer.step import optim
@@ -95,6 +98,8 @@ class SyncMode(UpdateMode):
             make_optimizer=lambda: optim.with_precision(
                 self.make_optimizer(config, global_step), config.towers.mixed_precision
             ),
+            pipeline_stages=config.towers.pipeline_stages,
+            schedule=config.towers.pipeline_schedule,
         )
 
 
@@ -115,6 +120,11 @@ class AsyncMode(UpdateMode):
                 "--mixed_precision=fp16 cannot be --update_mode=async: a gradient in flight would be unscaled with "
                 "the loss scale of the moment it lands, not the one it was computed with (2x or 0.5x updates). Use "
                 "--mixed_precision=bf16 (no loss scaling) with async, or sync with fp16."
+            )
+        if config.towers.pipeline_stages > 1:
+            raise ConfigError(
+                f"--pipeline_stages ({config.towers.pipeline_stages}) needs --update_mode=sync: a pipeline's stages "
+                "share one step's micro-batches, which async towers do not have"
             )
         if config.loop.steps_per_call:
             raise ConfigError(

@@ -69,7 +69,7 @@ def _place_creation(devices_in_order: list):
         yield
 
 
-def build_spread(build_fn, devices: tuple[str, ...], reseed, later=None):
+def build_spread(build_fn, devices: tuple[str, ...], reseed, later=None, owners_of=None):
     """Builds the model twice: once to learn its variables, then with each variable created on its owner.
 
     Keras creates a layer's variables when the layer is built, before the model's variable order is known,
@@ -82,6 +82,8 @@ def build_spread(build_fn, devices: tuple[str, ...], reseed, later=None):
       devices: the devices to spread over, in tower order.
       reseed: () -> None; resets the random state to what `build_fn` saw the first time.
       later: (model) -> one flag per `model.variables`: those assigned after the others (see `assign`).
+      owners_of: (model) -> the index in `devices` of each of `model.variables`, instead of `assign`'s
+        (pipeline stages: each variable on its stage's device).
 
     Raises:
       RuntimeError: the second build did not create its variables in the order of the first.
@@ -89,7 +91,10 @@ def build_spread(build_fn, devices: tuple[str, ...], reseed, later=None):
     created: list = []
     with _record_creation(created):
         probe = build_fn()
-    owners = assign([variable_bytes(v) for v in probe.variables], len(devices), later(probe) if later else ())
+    if owners_of is not None:
+        owners = owners_of(probe)
+    else:
+        owners = assign([variable_bytes(v) for v in probe.variables], len(devices), later(probe) if later else ())
     creation_index = {id(variable): i for i, variable in enumerate(created)}
     devices_in_order: list = [None] * len(created)
     for variable, owner in zip(probe.variables, owners, strict=True):

@@ -18,15 +18,10 @@ from trainer.step import mirrors as mirrors_lib
 from trainer.step import spread, tree
 from trainer.step import towers as tw
 from trainer.step.calls import CallSize, in_graph_loop
+from trainer.step.runners import make_runner
 from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement, tower_of_micro_batch
 from trainer.system.stop import Diverged
-
-
-def _now():
-    """Wall-clock seconds as a graph op. `tf.timestamp` is refused under op determinism; a host callback
-    is not, and costs microseconds. Control dependencies order it against the tower's work."""
-    return tf.py_function(time.perf_counter, [], tf.float64)
 
 
 class SyncUpdate(Updater):
@@ -47,6 +42,8 @@ class SyncUpdate(Updater):
       profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
       make_optimizer: () -> a new optimizer like `optimizer`, for the replicas of mirrored variables
         (`trainer.step.mirrors`); None: no variable is mirrored.
+      pipeline_stages, schedule: micro-batches through S stages in that schedule's order
+        (`trainer.step.pipeline`); 1: each on one tower.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
     unscales, skipping the update and halving the scale when a gradient is not finite.
@@ -66,6 +63,8 @@ class SyncUpdate(Updater):
         steps_per_call: int = 0,
         profile_steps: tuple[int, int] | None = None,
         make_optimizer=None,
+        pipeline_stages: int = 1,
+        schedule: str = "1f1b",
     ):
         self.task = task
         self.model = model
@@ -86,7 +85,9 @@ class SyncUpdate(Updater):
         )
         self._layout = tree.Layout.of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer)
-        self._micro_batch = tw.micro_batch_fn(task, model, jit_compile)
+        self.runner = make_runner(
+            task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline_stages, schedule
+        )
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
         self._calls = CallSize(steps_per_call, profile_steps)
@@ -95,6 +96,9 @@ class SyncUpdate(Updater):
         self._latest_loss = None  # the last step's loss (a tensor): read on the host only when asked
         self._step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
         self._finished = 0  # steps finished by this process (`steps_finished`)
+        self.last_timings = {}  # the last timed step's seconds per tower (`runner.run`), as host values
+
+    _timing_names = ("tower_step_sec", "stage_busy_sec")
 
     def _make_mirrors(self, make_optimizer) -> mirrors_lib.Mirrors:
         """The mirrored variables' replicas (`trainer.step.mirrors`); none without `make_optimizer`."""
@@ -129,6 +133,7 @@ class SyncUpdate(Updater):
         metrics = self._timed(self._step_fn, 1, traced, report=True, want_gradients=want_gradients)
         self._raise_if_diverged(metrics["finite"], metrics["step"], metrics["bad_micro_batch"])
         self._latest_loss = metrics["loss"]
+        self.last_timings = {name: _host(metrics[name]) for name in self._timing_names if name in metrics}
         self._finished += 1
         steps = done + 1
         return StepResult(
@@ -223,8 +228,8 @@ class SyncUpdate(Updater):
         """Nothing to release: the sync mode has no threads."""
 
     def wrap_micro_batch(self, wrap) -> None:
-        """See `Updater.wrap_micro_batch`: `_run_towers` calls the function when the step traces."""
-        self._micro_batch = wrap(self._micro_batch)
+        """See `Updater.wrap_micro_batch`: the tower runner calls the function when the step traces."""
+        self.runner.wrap_micro_batch(wrap)
 
     def step_graph(self):
         """The traced graph of one step as the lean calls run it (no tower times, no gradients returned): what
@@ -244,36 +249,13 @@ class SyncUpdate(Updater):
         # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`).
         trainable = self.mirrors.fanout(spread.read_values(self.model.trainable_variables), self._owners[0])
         non_trainable = self._layout.fanout(spread.read_values(self.model.non_trainable_variables), self._owners[1])
-        results, tower_sec = self._run_towers(batches, trainable, non_trainable, step, report, loss_scale)
+        results, timings = self.runner.run(batches, trainable, non_trainable, step, report, loss_scale)
         with tf.device(placement.parameter_device):
             metrics = self._apply(results, loss_scale, non_trainable)
-        if report:
-            metrics["tower_step_sec"] = tf.stack(tower_sec)
+        metrics.update(timings)
         if not want_gradients:
             metrics.pop("gradients")
         return metrics
-
-    def _run_towers(self, batches, trainable, non_trainable, step, timed: bool, loss_scale):
-        """Runs every micro-batch on its tower, with its task's copy of the values; returns the results in
-        micro-batch order and each tower's wall time (first input ready -> last gradient computed), measured
-        with in-graph timestamps."""
-        num_towers = len(self.placement.towers)
-        results, starts, ends = [], {}, {}
-        for j in range(self.num_micro_batches):
-            tower = tower_of_micro_batch(j, self.num_micro_batches, num_towers)
-            with tf.device(self.placement.towers[tower]):
-                if tower not in starts:
-                    with tf.control_dependencies(tf.nest.flatten(batches[j])):
-                        starts[tower] = _now() if timed else tf.constant(0.0, tf.float64)
-                with tf.control_dependencies([starts[tower]] if timed else []):
-                    task = self._layout.task_of_micro_batch(j)
-                    state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
-                    result = self._micro_batch(trainable[task], state, batches[j], loss_scale)
-                results.append(result)
-                if timed:
-                    with tf.control_dependencies(result.grads):
-                        ends[tower] = _now()
-        return results, [ends[i] - starts[i] for i in range(num_towers)] if timed else []
 
     def _apply(self, results, loss_scale, old_state):
         loss, metrics, grads, new_state, replica_grads = tw.combine(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import keras
 import tensorflow as tf
@@ -142,6 +143,12 @@ def check_task(task, model, element_spec, length: int = 1) -> None:
             f"{tuple(weights.shape)}; they must have the same shape (one weight per loss)"
         )
     task_metrics(task, outputs, batch)
+
+
+def now():
+    """Wall-clock seconds as a graph op. `tf.timestamp` is refused under op determinism; a host callback
+    is not, and costs microseconds. Control dependencies order it against a tower's work."""
+    return tf.py_function(time.perf_counter, [], tf.float64)
 
 
 def float32(tensor):

@@ -1,0 +1,202 @@
+"""A model cut into pipeline stages: consecutive parts, each run on its own device (`--pipeline_stages`).
+
+A model is first a sequence of *pieces*, the places it may be cut between:
+
+- a model with a ``pipeline_pieces()`` method gives its own (``models.transformer.TransformerLM``: the
+  embedding, each block, the final norm and head); its ``call`` runs the same pieces, so a cut computes
+  exactly the ops of the whole model;
+- a Keras functional model is cut where its graph narrows to one tensor: a layer output every path from the
+  inputs to the outputs goes through. A skip connection is never cut: the layers it spans stay in one piece
+  (a ResNet is cut between its residual blocks, never inside one), so one tensor crosses each cut;
+- any other model cannot be cut, and ``pieces`` says so.
+
+``cut`` then groups the pieces into S contiguous stages balanced by parameter bytes (the largest stage as
+small as it can be; the activations a stage keeps are not counted). Bytes depend only on the variables'
+shapes, so every process and every rerun cuts the same way. Each variable belongs to the one stage whose
+pieces use it; a variable two stages share (tied weights) is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from models.registry import ModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One uncuttable part of a model: ``call(inputs, training) -> outputs`` over the variables of ``layers``.
+    The outputs of a piece are the inputs of the next (any nest of tensors)."""
+
+    name: str
+    call: Callable
+    layers: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Consecutive pieces run as one part on one device."""
+
+    index: int
+    pieces: tuple[Piece, ...]
+
+    def call(self, inputs, training: bool):
+        for piece in self.pieces:
+            inputs = piece.call(inputs, training)
+        return inputs
+
+    @property
+    def layers(self) -> list:
+        return [layer for piece in self.pieces for layer in piece.layers]
+
+    @property
+    def name(self) -> str:
+        first, last = self.pieces[0].name, self.pieces[-1].name
+        return first if first == last else f"{first}..{last}"
+
+
+def pieces(model: keras.Model) -> list[Piece]:
+    """The pieces of `model`, in order (see the module docstring).
+
+    Raises:
+      ModelError: the model is neither functional nor gives ``pipeline_pieces()``.
+    """
+    own = getattr(model, "pipeline_pieces", None)
+    if own is not None:
+        return list(own())
+    if not _is_functional(model):
+        raise ModelError(
+            f"model {model.name!r} cannot be cut into pipeline stages: it is not a Keras functional model and "
+            "has no pipeline_pieces() method (docs/pipelines.md says how to give one)"
+        )
+    return _functional_pieces(model)
+
+
+def _functional_pieces(model: keras.Model) -> list[Piece]:
+    """The sub-models between the layer outputs where `model`'s graph narrows to one tensor."""
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    everything = {id(layer) for layer in layers}
+    boundaries, covered = [model.inputs], set()
+    for layer in layers[:-1]:
+        output = layer.output
+        if not isinstance(output, keras.KerasTensor):
+            continue  # several outputs: not one tensor
+        try:
+            before = [id(x) for x in _own_layers(keras.Model(boundaries[-1], output))]
+            after = [id(x) for x in _own_layers(keras.Model(output, model.outputs))]
+        except ValueError:
+            continue  # a path around this tensor: a skip connection crosses it
+        ids = before + after
+        if len(ids) == len(set(ids)) and not covered & set(ids) and covered | set(ids) == everything:
+            boundaries.append(output)
+            covered |= set(before)
+    boundaries.append(model.outputs)
+    out = []
+    for i in range(len(boundaries) - 1):
+        sub = keras.Model(_single(boundaries[i]), _single(boundaries[i + 1]), name=f"{model.name}_piece_{i}")
+        own = tuple(_own_layers(sub))
+        out.append(Piece(own[-1].name if own else sub.name, _functional_call(sub), own))
+    return out
+
+
+def _is_functional(model) -> bool:
+    """A Keras functional (or Sequential) model: one whose inputs and outputs are symbolic tensors."""
+    try:
+        ends = keras.tree.flatten(model.inputs) + keras.tree.flatten(model.outputs)
+    except (AttributeError, ValueError):
+        return False
+    return bool(ends) and all(isinstance(x, keras.KerasTensor) for x in ends)
+
+
+def _own_layers(model: keras.Model) -> list:
+    return [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+
+
+def _single(tensors):
+    return tensors[0] if isinstance(tensors, list) and len(tensors) == 1 else tensors
+
+
+def _functional_call(sub: keras.Model) -> Callable:
+    def call(inputs, training):
+        return sub.call(inputs, training=training)
+
+    return call
+
+
+def cut(model: keras.Model, num_stages: int) -> list[Stage]:
+    """`model`'s pieces in `num_stages` contiguous stages, the largest stage's parameter bytes as small as
+    possible (ties: the earlier cut).
+
+    Raises:
+      ModelError: fewer pieces than stages, or a variable used by two stages.
+    """
+    found = pieces(model)
+    if len(found) < num_stages:
+        raise ModelError(
+            f"model {model.name!r} has {len(found)} place(s) to cut between ({', '.join(p.name for p in found)}) "
+            f"and --pipeline_stages={num_stages} needs {num_stages}; use fewer stages"
+        )
+    sizes = [sum(_bytes(v) for layer in p.layers for v in layer.trainable_variables) for p in found]
+    bounds = _balanced(sizes, num_stages)
+    stages = [Stage(s, tuple(found[bounds[s] : bounds[s + 1]])) for s in range(num_stages)]
+    stage_of_variables(model, stages)  # refuses shared variables now, not at the first step
+    return stages
+
+
+def stage_of_variables(model: keras.Model, stages: list[Stage]) -> dict[int, int]:
+    """{id of a model variable: the stage using it}; every variable of `model` must be used by one stage.
+
+    Raises:
+      ModelError: a variable used by two stages, or by none.
+    """
+    owner = {}
+    for stage in stages:
+        for layer in stage.layers:
+            for variable in layer.variables:
+                if owner.setdefault(id(variable), stage.index) != stage.index:
+                    raise ModelError(
+                        f"variable {variable.path} is used by pipeline stages {owner[id(variable)]} and "
+                        f"{stage.index}: a variable must belong to one stage (tied weights cannot be cut apart)"
+                    )
+    unused = [v.path for v in model.variables if id(v) not in owner]
+    if unused:
+        raise ModelError(f"variables {unused} belong to no pipeline stage: no piece's layers hold them")
+    return owner
+
+
+def variable_stages(model: keras.Model, num_stages: int) -> list[int]:
+    """The stage of each of `model.variables` when cut into `num_stages` (`cut`)."""
+    owner = stage_of_variables(model, cut(model, num_stages))
+    return [owner[id(v)] for v in model.variables]
+
+
+def _bytes(variable) -> int:
+    return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
+
+
+def _balanced(sizes: list[int], parts: int) -> list[int]:
+    """Boundaries b_0=0 < b_1 < ... < b_parts=len(sizes) minimising the largest part's sum (linear partition,
+    by dynamic programming; on a tie the earliest boundary)."""
+    n = len(sizes)
+    prefix = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    # best[k][i]: the smallest largest-part of sizes[:i] in k parts; choice[k][i]: where the last part starts.
+    best = [[None] * (n + 1) for _ in range(parts + 1)]
+    choice = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            for start in range(k - 1, i):
+                if best[k - 1][start] is None:
+                    continue
+                cost = max(best[k - 1][start], int(prefix[i] - prefix[start]))
+                if best[k][i] is None or cost < best[k][i]:
+                    best[k][i], choice[k][i] = cost, start
+    bounds, i = [n], n
+    for k in range(parts, 0, -1):
+        i = choice[k][i]
+        bounds.append(i)
+    return bounds[::-1]

@@ -1,0 +1,216 @@
+"""Pipeline stages (`--pipeline_stages=S`): each micro-batch flows through S stages, each on its own device.
+
+The N towers of a machine form N/S pipelines of S consecutive devices (pipeline p, stage s: tower p*S + s);
+micro-batch j runs on pipeline j*P//K, as it would on tower j*N//K without stages, on the same task. A stage
+runs its part of the model (`models.stages`) under a `keras.StatelessScope` holding its variables' values,
+inside a GradientTape of its own: the forward pass sends the activations to the next stage's device, the
+backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
+Every op is the op data parallel runs, on another device, so each micro-batch's gradients, losses and new
+BatchNorm statistics are the same bits; they go to `towers.combine`'s fixed tree as every tower's do. The
+stage's variables live on its device in the first pipeline (`trainer.loop.build`), where the tree sums their
+gradients.
+
+The order of the forward and backward passes on each device is the schedule's (`trainer.step.schedules`),
+made binding with control dependencies: each event starts after the previous event of its device ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from models import stages as stages_lib
+from trainer.step import schedules
+from trainer.step import towers as tw
+
+
+@dataclasses.dataclass
+class _Flow:
+    """One micro-batch's state between its events."""
+
+    batch: object
+    task: int
+    state: list  # its non-trainable values (seeds keyed on the micro-batch)
+    carried: list  # per stage: the inputs it got
+    tapes: list
+    outputs: list  # per stage: its outputs
+    reg: list  # per stage: the sum of its layers' losses (regularisation), or None
+    grads: dict  # variable index -> gradient
+    new_state: dict  # non-trainable index -> new value
+    upstream: list | None = None  # the gradient of the last stage run backward's float inputs
+    loss: tf.Tensor | None = None
+    weight: tf.Tensor | None = None
+    metrics: dict | None = None
+
+
+class PipelineRunner:
+    """Runs a step's K micro-batches through P pipelines of S stages (see the module docstring).
+
+    Args:
+      task, model: the run's task and its model.
+      towers: the run's tower devices, task-major; pipeline p is towers[p*S : (p+1)*S].
+      stages: the model cut into S stages (`models.stages.cut`).
+      schedule: a name in `trainer.step.schedules.SCHEDULES`.
+      layout: the run's `trainer.step.tree.Layout` (which task holds each micro-batch).
+    """
+
+    def __init__(self, task, model, towers, stages, schedule: str, layout, num_micro_batches: int):
+        self.task, self.model, self.stages, self.layout = task, model, stages, layout
+        self.num_stages, self.num_micro_batches = len(stages), num_micro_batches
+        self.num_pipelines = len(towers) // self.num_stages
+        self.towers = towers
+        self.schedule = schedule
+        per_pipeline = num_micro_batches // self.num_pipelines
+        self.order = schedules.build_order(schedules.SCHEDULES[schedule](self.num_stages, per_pipeline))
+        owner = stages_lib.stage_of_variables(model, stages)
+        self._trainable = _indices_by_stage(model.trainable_variables, owner, self.num_stages)
+        self._non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
+        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+
+    def run_metrics(self, timings: dict) -> dict:
+        """`metrics.json`'s "pipeline": stages, schedule, each stage's pieces and device, and the bubble:
+        expected (S-1)/(m+S-1) and measured on the last timed step (1 - busy / span, averaged over devices)."""
+        spans, busy = timings.get("tower_step_sec"), timings.get("stage_busy_sec")
+        measured = None
+        if spans and busy:
+            measured = sum(1.0 - b / s for b, s in zip(busy, spans, strict=True) if s > 0) / len(spans)
+        return {
+            "pipeline": {
+                "stages": self.num_stages,
+                "pipelines": self.num_pipelines,
+                "schedule": self.schedule,
+                "stage_pieces": [stage.name for stage in self.stages],
+                "stage_devices": [self.device(0, s) for s in range(self.num_stages)],
+                "bubble_expected": schedules.bubble(self.num_stages, self.num_micro_batches // self.num_pipelines),
+                "bubble_measured": measured,
+                "stage_busy_sec": busy,
+            }
+        }
+
+    def wrap_micro_batch(self, wrap) -> None:
+        """A micro-batch is not one call here: the seam is the tower runner's."""
+        raise NotImplementedError("wrap_micro_batch: not available with --pipeline_stages")
+
+    def device(self, pipeline: int, stage: int) -> str:
+        return self.towers[pipeline * self.num_stages + stage]
+
+    def run(self, batches, trainable, non_trainable, step, timed: bool, loss_scale=None):
+        """Every micro-batch's forward and backward through its pipeline, in the schedule's order per device.
+
+        Args:
+          batches: the K micro-batches; trainable, non_trainable: per task, the variables' values.
+          step: the global step (the seeds); timed: measure each device's time.
+          loss_scale: must be None (fp16 is refused with stages).
+
+        Returns:
+          (a `towers.MicroBatchResult` per micro-batch, in order; when `timed`, {"tower_step_sec": per tower, its
+          first event's start to its last event's end; "stage_busy_sec": per tower, the seconds its events ran},
+          else {}).
+        """
+        per_pipeline = self.num_micro_batches // self.num_pipelines
+        flows = []
+        for j, batch in enumerate(batches):
+            task = self.layout.task_of_micro_batch(j)
+            state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
+            s = self.num_stages
+            flows.append(_Flow(batch, task, state, [None] * s, [None] * s, [None] * s, [None] * s, {}, {}))
+        last_op, clock = {}, _Clock(timed)
+        for pipeline in range(self.num_pipelines):
+            for stage, (kind, local) in self.order:
+                j = pipeline * per_pipeline + local
+                device = self.device(pipeline, stage)
+                with tf.device(device), tf.name_scope(f"pipeline{pipeline}_stage{stage}_{kind}{j}"):
+                    with tf.control_dependencies([last_op[device]] if device in last_op else []):
+                        start = clock.start(device)
+                        with tf.control_dependencies([start] if timed else []):
+                            run = self._forward if kind == "F" else self._backward
+                            last_op[device] = tf.group(*run(stage, flows[j], trainable[flows[j].task]), name="done")
+                    clock.end(device, last_op[device])
+        return [self._result(flow) for flow in flows], clock.totals(self.towers)
+
+    def _forward(self, stage: int, flow: _Flow, trainable: list):
+        inputs = self.task.model_inputs(flow.batch) if stage == 0 else flow.outputs[stage - 1]
+        values = [trainable[i] for i in self._trainable[stage]]
+        float_inputs = [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating] if stage else []
+        mapping = [(self.model.trainable_variables[i], trainable[i]) for i in self._trainable[stage]]
+        mapping += [(self.model.non_trainable_variables[i], flow.state[i]) for i in self._non_trainable[stage]]
+        tape = tf.GradientTape(watch_accessed_variables=False)
+        with tape:
+            tape.watch(values)
+            tape.watch(float_inputs)
+            with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+                outputs = self.stages[stage].call(inputs, training=True)
+                losses = [loss for layer in self.stages[stage].layers for loss in layer.losses]
+            reg = tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else None
+            last = stage == self.num_stages - 1
+            if last:  # the task's loss, as `towers.run_micro_batch` computes it on the whole model's outputs
+                predictions = tf.nest.map_structure(tw.float32, outputs)
+                flow.loss, flow.weight = tw.weighted_sums(self.task, predictions, flow.batch)
+                outputs = flow.loss + flow.weight * reg if reg is not None else flow.loss
+                reg = None
+        for i in self._non_trainable[stage]:
+            flow.new_state[i] = scope.get_current_value(self.model.non_trainable_variables[i])
+        if last:
+            flow.metrics = tw.task_metrics(self.task, predictions, flow.batch)
+        flow.carried[stage], flow.tapes[stage], flow.outputs[stage], flow.reg[stage] = inputs, tape, outputs, reg
+        return tf.nest.flatten(outputs) + [flow.new_state[i] for i in self._non_trainable[stage]]
+
+    def _backward(self, stage: int, flow: _Flow, trainable: list):
+        values = [trainable[i] for i in self._trainable[stage]]
+        float_inputs = [x for x in tf.nest.flatten(flow.carried[stage]) if x.dtype.is_floating] if stage else []
+        if stage == self.num_stages - 1:
+            targets, upstream = [flow.outputs[stage]], None
+        else:
+            leaves = [x for x in tf.nest.flatten(flow.outputs[stage]) if x.dtype.is_floating]
+            pairs = [(x, g) for x, g in zip(leaves, flow.upstream, strict=True) if g is not None]
+            if flow.reg[stage] is not None:
+                pairs.append((flow.reg[stage], flow.weight))  # d(weight * reg)/d(reg), as the whole model's
+            targets, upstream = [x for x, _ in pairs], [g for _, g in pairs]
+        grads = flow.tapes[stage].gradient(targets, values + float_inputs, output_gradients=upstream)
+        flow.tapes[stage] = flow.outputs[stage] = flow.carried[stage] = None  # activations may go
+        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        for i, g in zip(self._trainable[stage], dense[: len(values)], strict=True):
+            flow.grads[i] = g
+        flow.upstream = dense[len(values) :]
+        return [g for g in dense if g is not None]
+
+    def _result(self, flow: _Flow) -> tw.MicroBatchResult:
+        grads = [flow.grads[i] for i in range(len(self.model.trainable_variables))]
+        state = [flow.new_state[i] for i in range(len(self.model.non_trainable_variables))]
+        return tw.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
+
+
+def _indices_by_stage(variables, owner: dict, num_stages: int) -> list[list[int]]:
+    """Per stage, the indices in `variables` of those it owns (`owner`: id -> stage)."""
+    return [[i for i, v in enumerate(variables) if owner[id(v)] == s] for s in range(num_stages)]
+
+
+class _Clock:
+    """In-graph timestamps of each device's events (only on a timed step: a host callback per event)."""
+
+    def __init__(self, timed: bool):
+        self.timed, self.first, self.last, self.busy, self._open = timed, {}, {}, {}, None
+
+    def start(self, device: str):
+        if not self.timed:
+            return None
+        self._open = tw.now()
+        self.first.setdefault(device, self._open)
+        return self._open
+
+    def end(self, device: str, done) -> None:
+        if not self.timed:
+            return
+        with tf.control_dependencies([done]):
+            self.last[device] = tw.now()
+        self.busy[device] = self.busy.get(device, 0.0) + (self.last[device] - self._open)
+
+    def totals(self, towers) -> dict:
+        if not self.timed:
+            return {}
+        return {
+            "tower_step_sec": tf.stack([self.last[d] - self.first[d] for d in towers]),
+            "stage_busy_sec": tf.stack([tf.cast(self.busy[d], tf.float64) for d in towers]),
+        }

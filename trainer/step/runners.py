@@ -1,0 +1,59 @@
+"""How a sync step runs its K micro-batches on the towers: whole (`TowerRunner`: micro-batch j on tower
+j*N//K) or through pipeline stages (`trainer.step.pipeline.PipelineRunner`). `make_runner` is the one place
+that chooses; both give `towers.MicroBatchResult`s in micro-batch order, which the fixed tree combines."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models import stages
+from trainer.step import pipeline
+from trainer.step import towers as tw
+from trainer.system.devices import tower_of_micro_batch
+
+
+class TowerRunner:
+    """Each micro-batch forward and backward on one tower, with its task's copy of the values."""
+
+    def __init__(self, task, model, towers, layout, num_micro_batches: int, jit_compile: bool):
+        self.towers, self.layout, self.num_micro_batches = towers, layout, num_micro_batches
+        self.micro_batch = tw.micro_batch_fn(task, model, jit_compile)
+        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+
+    def run(self, batches, trainable, non_trainable, step, timed: bool, loss_scale=None):
+        """Returns the results in micro-batch order and, when `timed`, {"tower_step_sec": each tower's wall
+        time, first input ready -> last gradient computed, measured with in-graph timestamps}."""
+        num_towers = len(self.towers)
+        results, starts, ends = [], {}, {}
+        for j in range(self.num_micro_batches):
+            tower = tower_of_micro_batch(j, self.num_micro_batches, num_towers)
+            with tf.device(self.towers[tower]):
+                if tower not in starts:
+                    with tf.control_dependencies(tf.nest.flatten(batches[j])):
+                        starts[tower] = tw.now() if timed else tf.constant(0.0, tf.float64)
+                with tf.control_dependencies([starts[tower]] if timed else []):
+                    task = self.layout.task_of_micro_batch(j)
+                    state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
+                    result = self.micro_batch(trainable[task], state, batches[j], loss_scale)
+                results.append(result)
+                if timed:
+                    with tf.control_dependencies(result.grads):
+                        ends[tower] = tw.now()
+        timings = {"tower_step_sec": tf.stack([ends[i] - starts[i] for i in range(num_towers)])} if timed else {}
+        return results, timings
+
+    def wrap_micro_batch(self, wrap) -> None:
+        """See `Updater.wrap_micro_batch`."""
+        self.micro_batch = wrap(self.micro_batch)
+
+    def run_metrics(self, timings: dict) -> dict:
+        """What `metrics.json` adds for this runner: nothing."""
+        return {}
+
+
+def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, pipeline_stages: int, schedule):
+    """The runner of a sync step: `PipelineRunner` over `pipeline_stages` stages, or `TowerRunner` for 1."""
+    if pipeline_stages == 1:
+        return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
+    cut = stages.cut(model, pipeline_stages)
+    return pipeline.PipelineRunner(task, model, towers, cut, schedule, layout, num_micro_batches)
