@@ -197,6 +197,8 @@ def check_sharded(split: str, shards: int, width: int) -> list[dict]:
     rows.append(stepped)
     if out is None:
         return rows
+    again = [gather(t) for t in step(kernel, x, target)]  # before the update: the same W
+    repeat = all(np.array_equal(gather(t), a) for t, a in zip(out, again, strict=True))
     updated, _ = attempt(name, "c. SGD update", lambda: (update(kernel, out[2]), f"W {kernel.layout.sharding_specs}"))
     rows.append(updated)
     with tf.device("/device:CPU:0"):
@@ -207,7 +209,7 @@ def check_sharded(split: str, shards: int, width: int) -> list[dict]:
     rows += [compare(name, q, gather(g), w.numpy()) for q, g, w in zip(quantities, out, reference, strict=True)]
     if updated["result"] == "ok":
         rows.append(compare(name, "W after update", gather(kernel.read_value()), plain.numpy()))
-    return rows
+    return rows + [row(name, "bits b. run twice", "equal" if repeat else "differs", "y, loss, dL/dW, dL/dx")]
 
 
 def check_issue_106304(logical: bool) -> list[dict]:
