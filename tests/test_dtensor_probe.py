@@ -36,6 +36,16 @@ def test_failures_are_one_line_and_the_table_escapes_pipes():
 
 
 @pytest.mark.quick
+def test_shard_counts_that_cannot_split_the_kernel_are_refused_in_one_line(capsys):
+    for shards in ("3", "2,x", "1"):
+        with pytest.raises(SystemExit) as exit_info:
+            probe.main(["--width=8", f"--shards={shards}"])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert error.endswith(f"--shards={shards}: give counts > 1 that divide 4 * --width (32), e.g. 2,4"), error
+
+
+@pytest.mark.quick
 def test_a_check_whose_process_dies_is_a_row_not_the_end_of_the_probe():
     python = sys.executable
     aborted = probe.run_isolated("c", [python, "-c", "import os, sys; print('dying', file=sys.stderr); os.abort()"])

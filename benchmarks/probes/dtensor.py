@@ -164,6 +164,28 @@ def step_functions():
     return step, update
 
 
+def sharded_variable(kernel: np.ndarray, specs: list, mesh):
+    """`kernel` as a DVariable of layout `specs` on `mesh`, packed from its numpy pieces (pack is the call of
+    tensorflow#106304)."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    axis = [i for i, spec in enumerate(specs) if spec != dtensor.UNSHARDED][0]
+    parts = [tf.constant(p) for p in np.split(kernel, mesh.num_local_devices(), axis=axis)]
+    return dtensor.DVariable(dtensor.pack(parts, dtensor.Layout(specs, mesh)))
+
+
+def one_device(step, update, data: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """y, loss, dL/dW, dL/dx and the updated W of the same functions with a plain tf.Variable on CPU:0."""
+    import tensorflow as tf
+
+    with tf.device("/device:CPU:0"):
+        plain = tf.Variable(data["kernel"])
+        out = step(plain, tf.constant(data["x"]), tf.constant(data["target"]))
+        update(plain, out[2])
+    return [t.numpy() for t in out] + [plain.numpy()]
+
+
 def check_sharded(split: str, shards: int, width: int) -> list[dict]:
     """(a)-(d) for one split of the kernel over `shards` logical CPUs."""
     import tensorflow as tf
@@ -173,16 +195,12 @@ def check_sharded(split: str, shards: int, width: int) -> list[dict]:
     specs = {"output": [dtensor.UNSHARDED, "x"], "reduction": ["x", dtensor.UNSHARDED]}[split]
 
     def create():
-        layout = dtensor.Layout(specs, _mesh(shards))
-        axis = specs.index("x")
-        parts = [tf.constant(p) for p in np.split(data["kernel"], shards, axis=axis)]
-        kernel = dtensor.DVariable(dtensor.pack(parts, layout))
-        return kernel, f"W {data['kernel'].shape} layout {dtensor.fetch_layout(kernel).sharding_specs}"
+        kernel = sharded_variable(data["kernel"], specs, _mesh(shards))
+        return kernel, f"W {data['kernel'].shape} layout {kernel.layout.sharding_specs}"
 
-    rows, (created, kernel) = [], attempt(name, "a. mesh + sharded DVariable (pack)", create)
-    rows.append(created)
+    created, kernel = attempt(name, "a. mesh + sharded DVariable (pack)", create)
     if kernel is None:
-        return rows
+        return [created]
     step, update = step_functions()
     replicated = dtensor.Layout.replicated(kernel.layout.mesh, 2)
     x, target = (dtensor.copy_to_mesh(tf.constant(data[k]), replicated) for k in ("x", "target"))
@@ -194,21 +212,15 @@ def check_sharded(split: str, shards: int, width: int) -> list[dict]:
         return out, f"y {layouts[0]}, dL/dW {layouts[2]} (sharded like W: {like}), dL/dx {layouts[3]}"
 
     stepped, out = attempt(name, "b. y, loss, dL/dW, dL/dx in a tf.function", run_step)
-    rows.append(stepped)
     if out is None:
-        return rows
-    again = [gather(t) for t in step(kernel, x, target)]  # before the update: the same W
-    repeat = all(np.array_equal(gather(t), a) for t, a in zip(out, again, strict=True))
+        return [created, stepped]
+    got = [gather(t) for t in out]
+    repeat = all(np.array_equal(gather(t), g) for t, g in zip(step(kernel, x, target), got, strict=True))
     updated, _ = attempt(name, "c. SGD update", lambda: (update(kernel, out[2]), f"W {kernel.layout.sharding_specs}"))
-    rows.append(updated)
-    with tf.device("/device:CPU:0"):
-        plain = tf.Variable(data["kernel"])
-        reference = step(plain, tf.constant(data["x"]), tf.constant(data["target"]))
-        update(plain, reference[2])
-    quantities = ("y", "loss", "dL/dW", "dL/dx")
-    rows += [compare(name, q, gather(g), w.numpy()) for q, g, w in zip(quantities, out, reference, strict=True)]
+    rows, want = [created, stepped, updated], one_device(step, update, data)
+    rows += [compare(name, q, g, w) for q, g, w in zip(("y", "loss", "dL/dW", "dL/dx"), got, want[:4], strict=True)]
     if updated["result"] == "ok":
-        rows.append(compare(name, "W after update", gather(kernel.read_value()), plain.numpy()))
+        rows.append(compare(name, "W after update", gather(kernel.read_value()), want[4]))
     return rows + [row(name, "bits b. run twice", "equal" if repeat else "differs", "y, loss, dL/dW, dL/dx")]
 
 
@@ -290,17 +302,15 @@ def check_mixed(shards: int) -> list[dict]:
 
 def check_keras(shards: int, width: int) -> list[dict]:
     """Keras 3 Dense with the kernel sharded along its output: stateless_call (towerflow's way of running a
-    model) under a GradientTape in a tf.function against the same on one device; the layer's own variable; and
-    keras.distribution's ModelParallel on the TensorFlow backend."""
+    model) under a GradientTape in a tf.function against the same on one device, and the layer's own variable
+    given the DVariable; then keras.distribution on the TensorFlow backend."""
     import keras
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
     name, data = f"keras:{shards}", inputs(width)
     mesh = _mesh(shards)
-    replicated = dtensor.Layout.replicated(mesh, 2)
-    sharded = dtensor.Layout([dtensor.UNSHARDED, "x"], mesh)
-    kernel = dtensor.DVariable(dtensor.relayout(dtensor.copy_to_mesh(tf.constant(data["kernel"]), replicated), sharded))
+    kernel = sharded_variable(data["kernel"], [dtensor.UNSHARDED, "x"], mesh)
     layer = keras.layers.Dense(4 * width, use_bias=False)
     layer.build((None, width))
 
@@ -313,7 +323,8 @@ def check_keras(shards: int, width: int) -> list[dict]:
         return y, tape.gradient(loss, kernel)
 
     def stateless():
-        y, grad = forward_backward(kernel.read_value(), dtensor.copy_to_mesh(tf.constant(data["x"]), replicated))
+        x = dtensor.copy_to_mesh(tf.constant(data["x"]), dtensor.Layout.replicated(mesh, 2))
+        y, grad = forward_backward(kernel.read_value(), x)
         with tf.device("/device:CPU:0"):
             want = forward_backward(tf.constant(data["kernel"]), tf.constant(data["x"]))
         bits = [np.array_equal(gather(g), w.numpy()) for g, w in zip((y, grad), want, strict=True)]
@@ -325,11 +336,23 @@ def check_keras(shards: int, width: int) -> list[dict]:
         value = layer.kernel.value
         return None, f"the kernel stays a plain variable on {value.device} (is_dtensor {dtensor.is_dtensor(value)})"
 
-    def model_parallel():
-        from keras import distribution
+    return [
+        attempt(name, "Dense.stateless_call with the sharded kernel, GradientTape, tf.function", stateless)[0],
+        attempt(name, "Dense.kernel.assign(the DVariable)", assign)[0],
+        *keras_distribution(name, shards, width),
+    ]
 
-        mesh = distribution.DeviceMesh((shards,), ["model"], distribution.list_devices("cpu"))
-        layout_map = distribution.LayoutMap(mesh)
+
+def keras_distribution(name: str, shards: int, width: int) -> list[dict]:
+    """keras.distribution's ModelParallel and TensorLayout on the TensorFlow backend, and what its file says."""
+    import keras
+    from keras import distribution
+    from tensorflow.experimental import dtensor
+
+    device_mesh = distribution.DeviceMesh((shards,), ["model"], distribution.list_devices("cpu"))
+
+    def model_parallel():
+        layout_map = distribution.LayoutMap(device_mesh)
         layout_map[".*kernel"] = (None, "model")
         with distribution.ModelParallel(layout_map=layout_map, batch_dim_name=None).scope():
             dense = keras.layers.Dense(4 * width, use_bias=False)
@@ -338,19 +361,13 @@ def check_keras(shards: int, width: int) -> list[dict]:
         return None, f"kernel is_dtensor {dtensor.is_dtensor(value)}, on {value.device}: the layout map is not applied"
 
     def backend_layout():
-        from keras import distribution
-
-        mesh = distribution.DeviceMesh((shards,), ["model"], distribution.list_devices("cpu"))
-        return None, str(distribution.TensorLayout([None, "model"], mesh).backend_layout.sharding_specs)
+        return None, str(distribution.TensorLayout([None, "model"], device_mesh).backend_layout.sharding_specs)
 
     backend = importlib.import_module("keras.src.backend.tensorflow.distribution_lib")
-    doc = " ".join(backend.__doc__.split())
     return [
-        attempt(name, "Dense.stateless_call with the sharded kernel, GradientTape, tf.function", stateless)[0],
-        attempt(name, "Dense.kernel.assign(the DVariable)", assign)[0],
         attempt(name, "keras.distribution.ModelParallel, LayoutMap kernel (None, 'model')", model_parallel)[0],
         attempt(name, "keras.distribution.TensorLayout.backend_layout", backend_layout)[0],
-        row(name, "keras/src/backend/tensorflow/distribution_lib.py says", "quote", doc[:160]),
+        row(name, "keras/src/backend/tensorflow/distribution_lib.py says", "quote", " ".join(backend.__doc__.split())),
     ]
 
 
@@ -379,11 +396,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checks", default="", help="only the checks whose name starts with one of these (comma)")
     parser.add_argument("--check", default="", help=argparse.SUPPRESS)  # one check, in this process
     args = parser.parse_args(argv)
+    shards = [int(n) for n in args.shards.split(",") if n.isdigit() and int(n) > 1]
+    if len(shards) != len(args.shards.split(",")) or any(4 * args.width % n for n in shards):
+        parser.error(f"--shards={args.shards}: give counts > 1 that divide 4 * --width ({4 * args.width}), e.g. 2,4")
     if args.check:
         print("RESULT " + json.dumps(run_check(args.check, args.width)), flush=True)
         return
     prefixes = tuple(p for p in args.checks.split(",") if p) or ("",)
-    checks = [c for c in plan([int(n) for n in args.shards.split(",")]) if c.startswith(prefixes)]
+    checks = [c for c in plan(shards) if c.startswith(prefixes)]
     rows = []
     for check in checks:
         command = [sys.executable, "-m", "benchmarks.probes", "dtensor", f"--check={check}", f"--width={args.width}"]
