@@ -63,20 +63,23 @@ def test_a_check_whose_process_dies_is_a_row_not_the_end_of_the_probe():
 
 def test_the_output_split_over_two_cpus_is_created_trained_and_bitwise():
     """The probe's own run at W = 8: every step works, the gradient is sharded like W, and y, dL/dW and the
-    updated W have the bits of one device (no sum runs over the split dimension); dL/dx's sum does."""
+    updated W have the bits of one device (no sum runs over the split dimension); the loss's, dL/dx's and the
+    softmax's sums do."""
     out = _run("-m", "benchmarks.probes", "dtensor", "--width=8", "--shards=2", "--checks=sharded:output")
     assert out.splitlines()[0].startswith("TensorFlow 2.21") and "kernel [8, 32]" in out.splitlines()[0]
     rows = {r[1]: (r[2], r[3]) for r in re.findall(r"^\| (sharded:output:2) \| (.+?) \| (\w+) \| (.*) \|$", out, re.M)}
-    steps = ["a. mesh + sharded DVariable (pack)", "b. y, loss, dL/dW, dL/dx in a tf.function", "c. SGD update"]
-    bits = ["bits y", "bits loss", "bits dL/dW", "bits dL/dx", "bits W after update", "bits b. run twice"]
+    steps = ["a. mesh + sharded DVariable (pack)", "b. y, loss, gradients in a tf.function", "c. SGD update"]
+    bits = ["bits y", "bits loss", "bits dL/dW", "bits dL/dx", "bits dL/dW, softmax cross-entropy",
+            "bits W after update", "bits b. run twice"]  # fmt: skip
     assert list(rows) == steps + bits
     assert rows["a. mesh + sharded DVariable (pack)"] == ("ok", "W (8, 32) layout ['unsharded', 'x']")
-    assert rows["b. y, loss, dL/dW, dL/dx in a tf.function"][0] == "ok"
-    assert "dL/dW ['unsharded', 'x'] (sharded like W: True)" in rows["b. y, loss, dL/dW, dL/dx in a tf.function"][1]
+    assert rows["b. y, loss, gradients in a tf.function"][0] == "ok"
+    assert "dL/dW ['unsharded', 'x'] (sharded like W: True)" in rows["b. y, loss, gradients in a tf.function"][1]
     assert rows["c. SGD update"] == ("ok", "W ['unsharded', 'x']")
     for quantity in ("y", "dL/dW", "W after update"):
         assert rows[f"bits {quantity}"] == ("equal", "max abs diff 0"), quantity
-    assert rows["bits b. run twice"] == ("equal", "y, loss, dL/dW, dL/dx")  # op determinism holds on the mesh
-    for quantity in ("loss", "dL/dx"):  # reordered sums: equal only by luck, but then with no difference at all
+    assert rows["bits b. run twice"] == ("equal", "all of b.")  # op determinism holds on the mesh
+    # reordered sums: equal only by luck, and then with no difference at all
+    for quantity in ("loss", "dL/dx", "dL/dW, softmax cross-entropy"):
         result, detail = rows[f"bits {quantity}"]
         assert (result == "equal") == (detail == "max abs diff 0") and 0 <= float(detail.split()[-1]) < 1e-5

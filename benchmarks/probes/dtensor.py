@@ -35,6 +35,8 @@ from benchmarks.harness import paths
 
 SPLITS = ("output", "reduction")
 BATCH = 32
+INPUTS = ("x", "target", "labels")  # step's arguments after the kernel, all replicated
+QUANTITIES = ("y", "loss", "dL/dW", "dL/dx", "dL/dW, softmax cross-entropy")  # step's outputs
 LEARNING_RATE = 0.125  # a power of two: lr * grad rounds once, like the update it stands for
 
 
@@ -136,26 +138,30 @@ def gather(value) -> np.ndarray:
 
 
 def inputs(width: int) -> dict[str, np.ndarray]:
-    """Kernel [W, 4W], replicated input x [B, W] and target [B, 4W] (float32, seed 0; kernel scaled by 1/sqrt(W))."""
+    """Kernel [W, 4W], replicated input x [B, W], target [B, 4W] and class labels [B] in [0, 4W) (seed 0;
+    float32 but the labels; the kernel scaled by 1/sqrt(W))."""
     rng = np.random.RandomState(0)
     kernel = (rng.standard_normal((width, 4 * width)) / np.sqrt(width)).astype(np.float32)
     x = rng.standard_normal((BATCH, width)).astype(np.float32)
-    return {"kernel": kernel, "x": x, "target": rng.standard_normal((BATCH, 4 * width)).astype(np.float32)}
+    target = rng.standard_normal((BATCH, 4 * width)).astype(np.float32)
+    return {"kernel": kernel, "x": x, "target": target, "labels": rng.randint(0, 4 * width, BATCH).astype(np.int32)}
 
 
 def step_functions():
-    """(step, update) tf.functions shared by the sharded and the one-device run: step(W, x, t) -> y, loss,
-    dL/dW, dL/dx; update(W, g) applies W -= lr * g."""
+    """(step, update) tf.functions shared by the sharded and the one-device run: step(W, x, t, labels) -> y,
+    the squared-error loss, its dL/dW and dL/dx, and dL/dW of a softmax cross-entropy over y's last dimension
+    (a language model's output layer split over its vocabulary); update(W, g) applies W -= lr * g."""
     import tensorflow as tf
 
     @tf.function
-    def step(kernel, x, target):
-        with tf.GradientTape() as tape:
+    def step(kernel, x, target, labels):
+        with tf.GradientTape(persistent=True) as tape:
             tape.watch(x)
             y = tf.matmul(x, kernel)
             loss = tf.reduce_sum(tf.square(y - target)) / float(np.prod(target.shape))
+            softmax = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, y))
         grad_kernel, grad_x = tape.gradient(loss, [kernel, x])
-        return y, loss, grad_kernel, grad_x
+        return y, loss, grad_kernel, grad_x, tape.gradient(softmax, kernel)
 
     @tf.function
     def update(kernel, grad):
@@ -176,12 +182,12 @@ def sharded_variable(kernel: np.ndarray, specs: list, mesh):
 
 
 def one_device(step, update, data: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """y, loss, dL/dW, dL/dx and the updated W of the same functions with a plain tf.Variable on CPU:0."""
+    """`step`'s outputs and the updated W of the same functions with a plain tf.Variable on CPU:0."""
     import tensorflow as tf
 
     with tf.device("/device:CPU:0"):
         plain = tf.Variable(data["kernel"])
-        out = step(plain, tf.constant(data["x"]), tf.constant(data["target"]))
+        out = step(plain, *(tf.constant(data[k]) for k in ("x", "target", "labels")))
         update(plain, out[2])
     return [t.numpy() for t in out] + [plain.numpy()]
 
@@ -202,26 +208,26 @@ def check_sharded(split: str, shards: int, width: int) -> list[dict]:
     if kernel is None:
         return [created]
     step, update = step_functions()
-    replicated = dtensor.Layout.replicated(kernel.layout.mesh, 2)
-    x, target = (dtensor.copy_to_mesh(tf.constant(data[k]), replicated) for k in ("x", "target"))
+    mesh = kernel.layout.mesh
+    args = [dtensor.copy_to_mesh(tf.constant(data[k]), dtensor.Layout.replicated(mesh, data[k].ndim)) for k in INPUTS]
 
     def run_step():
-        out = step(kernel, x, target)
+        out = step(kernel, *args)
         layouts = [dtensor.fetch_layout(t).sharding_specs for t in out]
         like = layouts[2] == kernel.layout.sharding_specs
         return out, f"y {layouts[0]}, dL/dW {layouts[2]} (sharded like W: {like}), dL/dx {layouts[3]}"
 
-    stepped, out = attempt(name, "b. y, loss, dL/dW, dL/dx in a tf.function", run_step)
+    stepped, out = attempt(name, "b. y, loss, gradients in a tf.function", run_step)
     if out is None:
         return [created, stepped]
     got = [gather(t) for t in out]
-    repeat = all(np.array_equal(gather(t), g) for t, g in zip(step(kernel, x, target), got, strict=True))
+    repeat = all(np.array_equal(gather(t), g) for t, g in zip(step(kernel, *args), got, strict=True))
     updated, _ = attempt(name, "c. SGD update", lambda: (update(kernel, out[2]), f"W {kernel.layout.sharding_specs}"))
     rows, want = [created, stepped, updated], one_device(step, update, data)
-    rows += [compare(name, q, g, w) for q, g, w in zip(("y", "loss", "dL/dW", "dL/dx"), got, want[:4], strict=True)]
+    rows += [compare(name, q, g, w) for q, g, w in zip(QUANTITIES, got, want[:-1], strict=True)]
     if updated["result"] == "ok":
-        rows.append(compare(name, "W after update", gather(kernel.read_value()), want[4]))
-    return rows + [row(name, "bits b. run twice", "equal" if repeat else "differs", "y, loss, dL/dW, dL/dx")]
+        rows.append(compare(name, "W after update", gather(kernel.read_value()), want[-1]))
+    return rows + [row(name, "bits b. run twice", "equal" if repeat else "differs", "all of b.")]
 
 
 def check_issue_106304(logical: bool) -> list[dict]:
