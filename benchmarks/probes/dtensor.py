@@ -37,7 +37,7 @@ SPLITS = ("output", "reduction")
 BATCH = 32
 INPUTS = ("x", "target", "labels")  # step's arguments after the kernel, all replicated
 QUANTITIES = ("y", "loss", "dL/dW", "dL/dx", "dL/dW, softmax cross-entropy")  # step's outputs
-LEARNING_RATE = 0.125  # a power of two: lr * grad rounds once, like the update it stands for
+LEARNING_RATE = 0.125  # a power of two: lr * grad is exact, so the update's bits are the subtraction's alone
 
 
 def row(check: str, what: str, result: str, detail: str = "") -> dict:
@@ -187,7 +187,7 @@ def one_device(step, update, data: dict[str, np.ndarray]) -> list[np.ndarray]:
 
     with tf.device("/device:CPU:0"):
         plain = tf.Variable(data["kernel"])
-        out = step(plain, *(tf.constant(data[k]) for k in ("x", "target", "labels")))
+        out = step(plain, *(tf.constant(data[k]) for k in INPUTS))
         update(plain, out[2])
     return [t.numpy() for t in out] + [plain.numpy()]
 
