@@ -15,6 +15,8 @@ dies is reported as a row, with its signal or exit code and the last line of its
   mixed:N               regular tensors and variables on /device:CPU:i in a tf.function that also uses DTensors
   keras:N               Keras 3 Dense (stateless_call with a DTensor kernel, as towerflow's towers call models),
                         and keras.distribution's ModelParallel on the TensorFlow backend
+  dtensor_init:N        DTensor's own set-up (initialize_accelerator_system splits the CPU) instead of
+                        towerflow's logical devices: the sharded kernel, and keras.distribution again
 
 Op determinism is on in every check. Prints one Markdown table (docs/facts.md, "DTensor on TensorFlow 2.21").
 """
@@ -377,11 +379,28 @@ def keras_distribution(name: str, shards: int, width: int) -> list[dict]:
     ]
 
 
+def check_dtensor_init(shards: int, width: int) -> list[dict]:
+    """DTensor's own set-up instead of towerflow's logical devices (initialize_accelerator_system splits the
+    CPU itself), then the sharded kernel and keras.distribution again."""
+    from tensorflow.experimental import dtensor
+
+    name = f"dtensor_init:{shards}"
+
+    def initialize():
+        dtensor.initialize_accelerator_system("CPU", num_logical_cpu_devices=shards)
+        mesh = dtensor.create_mesh([("x", shards)], device_type="CPU")
+        kernel = sharded_variable(inputs(width)["kernel"], [dtensor.UNSHARDED, "x"], mesh)
+        return None, f"{dtensor.num_local_devices('CPU')} CPU devices, W layout {kernel.layout.sharding_specs}"
+
+    initialized = attempt(name, "initialize_accelerator_system('CPU'), create_mesh, sharded DVariable", initialize)
+    return [initialized[0], *keras_distribution(name, shards, width)[:2]]
+
+
 def plan(shards: list[int]) -> list[str]:
     """The checks to run, in order."""
     checks = ["issue_106304", "issue_106304:logical"]
     for n in shards:
-        checks += [f"sharded:{split}:{n}" for split in SPLITS] + [f"mixed:{n}", f"keras:{n}"]
+        checks += [f"sharded:{split}:{n}" for split in SPLITS] + [f"mixed:{n}", f"keras:{n}", f"dtensor_init:{n}"]
     return checks
 
 
@@ -392,7 +411,9 @@ def run_check(check: str, width: int) -> list[dict]:
         return check_issue_106304(logical=bool(args))
     if kind == "sharded":
         return check_sharded(args[0], int(args[1]), width)
-    return {"mixed": lambda: check_mixed(int(args[0])), "keras": lambda: check_keras(int(args[0]), width)}[kind]()
+    if kind == "mixed":
+        return check_mixed(int(args[0]))
+    return {"keras": check_keras, "dtensor_init": check_dtensor_init}[kind](int(args[0]), width)
 
 
 def main(argv: list[str] | None = None) -> None:
