@@ -15,6 +15,7 @@ COMMANDS = {
     "keras_spe": "benchmarks.probes.keras_spe",
     "profile_summary": "benchmarks.probes.profile_summary",
     "lm_padding": "benchmarks.probes.lm_padding",
+    "dtensor": "benchmarks.probes.dtensor",
 }
 
 if __name__ == "__main__":
