@@ -159,6 +159,7 @@ def test_the_map_names_where_each_decision_is_made_and_those_functions_exist():
         "how the task's records are read",
         "the data settings",
         "the placement",
+        "how a sync step runs its micro-batches",
         "what may change on resume",
     ]
     named = re.findall(r"`((?:trainer|launch|tasks)/[\w/]+)\.py` `(\w+)`", table)
