@@ -30,7 +30,7 @@ class TowerRunner:
             with tf.device(self.towers[tower]):
                 if tower not in starts:
                     with tf.control_dependencies(tf.nest.flatten(batches[j])):
-                        starts[tower] = tw.now() if timed else tf.constant(0.0, tf.float64)
+                        starts[tower] = tw.now(step) if timed else tf.constant(0.0, tf.float64)
                 with tf.control_dependencies([starts[tower]] if timed else []):
                     task = self.layout.task_of_micro_batch(j)
                     state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
@@ -38,7 +38,7 @@ class TowerRunner:
                 results.append(result)
                 if timed:
                     with tf.control_dependencies(result.grads):
-                        ends[tower] = tw.now()
+                        ends[tower] = tw.now(step)
         timings = {"tower_step_sec": tf.stack([ends[i] - starts[i] for i in range(num_towers)])} if timed else {}
         return results, timings
 

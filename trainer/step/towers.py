@@ -13,6 +13,7 @@ import functools
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tasks import TaskError
@@ -145,10 +146,21 @@ def check_task(task, model, element_spec, length: int = 1) -> None:
     task_metrics(task, outputs, batch)
 
 
-def now():
-    """Wall-clock seconds as a graph op. `tf.timestamp` is refused under op determinism; a host callback
-    is not, and costs microseconds. Control dependencies order it against a tower's work."""
-    return tf.py_function(time.perf_counter, [], tf.float64)
+def now(anchor: tf.Tensor) -> tf.Tensor:
+    """Wall-clock seconds as a graph op, taken once the control dependencies around it are met.
+
+    A stateless host callback on a runtime value: `tf.timestamp` is refused under op determinism, and a
+    stateful callback (`tf.py_function`) is chained to every other stateful op in the order the function was
+    traced (tf.function's automatic control dependencies), which made each tower's clock wait for the
+    previous tower's and so ran the towers one after another on every timed step. `anchor` (a runtime
+    scalar, e.g. the global step) is copied under the caller's control dependencies, so the callback cannot be
+    constant-folded or merged with another clock.
+    """
+    return tf.numpy_function(_seconds, [tf.identity(anchor)], tf.float64, stateful=False)
+
+
+def _seconds(_) -> np.float64:
+    return np.float64(time.perf_counter())
 
 
 def float32(tensor):
