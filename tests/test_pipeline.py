@@ -226,3 +226,46 @@ def test_the_cut_depends_on_the_bytes_alone():
 
     cuts = [[s.name for s in stages.cut(cnn((8, 8, 1), 10), 3)] for _ in range(2)]
     assert cuts[0] == cuts[1] == CNN_THREE_STAGES
+
+
+@pytest.mark.quick
+def test_the_measured_bubble_is_each_devices_idle_share_of_its_pipelines_span():
+    from trainer.step.pipeline import bubble_of
+
+    # 2 stages, 2 micro-batches, one pipeline, 1f1b: stage 0 runs F0 [0,1], F1 [1,2], B0 [4,6], B1 [6,8];
+    # stage 1 runs F0 [1,2], B0 [2,4], F1 [4,5], B1 [5,6]. Span 0..8; busy 6 and 5.
+    names = ["0:F0", "1:F0", "1:B0", "0:F1", "1:F1", "0:B0", "1:B1", "0:B1"]
+    events = [(0, 1), (1, 2), (2, 4), (1, 2), (4, 5), (4, 6), (5, 6), (6, 8)]
+    busy, measured = bubble_of(names, events, num_stages=2, num_pipelines=1)
+    assert busy == [6, 5]
+    assert measured == pytest.approx(((1 - 6 / 8) + (1 - 5 / 8)) / 2)
+    assert bubble_of(names, None, 2, 1) == (None, None)
+
+
+@pytest.mark.quick
+def test_the_schedule_probe_reads_micro_batches_in_flight_from_start_times():
+    from benchmarks.probes import pipeline_schedule
+
+    events = [("0:F0", (0.0, 1.0)), ("0:F1", (1.0, 2.0)), ("0:B0", (2.5, 3.0)), ("1:F0", (1.0, 2.0))]
+    events += [("0:F2", (3.0, 4.0)), ("0:B1", (4.0, 5.0)), ("0:B2", (5.0, 6.0))]
+    assert pipeline_schedule.in_flight_from_times(events, 0) == 2
+    assert pipeline_schedule.in_flight_from_times(events, 1) == 1
+    drawn = pipeline_schedule.svg({"1f1b": {"events": events}}, num_stages=2)
+    assert drawn.count("<rect") == len(events) and "stage 1" in drawn
+
+
+@pytest.mark.parametrize("num_stages", [1, 2])
+def test_the_clocks_of_a_timed_step_do_not_order_the_towers(tmp_path, num_stages):
+    """A timed step (the last of each logging window) reads host clocks around every tower's (stage's) work. A
+    stateful callback would be chained to the others in the order the step was traced, making each tower wait
+    for the previous tower's end: the clocks must carry no control input from one another."""
+    from trainer.loop.build import build
+
+    trainer = build(_config(tmp_path / "clocks", 2, num_stages))
+    updater = trainer.updater
+    graph = updater._step_fn.get_concrete_function([it.iterator for it in updater.iterators], True, False).graph
+    clocks = [op for op in graph.get_operations() if op.type in ("PyFunc", "PyFuncStateless", "EagerPyFunc")]
+    # Towers: a start per tower and an end after each micro-batch (the last one is read); stages: two per event.
+    assert len(clocks) == (2 + K if num_stages == 1 else 2 * (2 * K * num_stages))
+    assert not [op.name for op in clocks if any(c in clocks for c in op.control_inputs)]
+    trainer.updater.close()

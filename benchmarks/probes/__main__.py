@@ -16,6 +16,8 @@ COMMANDS = {
     "profile_summary": "benchmarks.probes.profile_summary",
     "lm_padding": "benchmarks.probes.lm_padding",
     "dtensor": "benchmarks.probes.dtensor",
+    "pipeline_schedule": "benchmarks.probes.pipeline_schedule",
+    "pipeline_memory": "benchmarks.probes.pipeline_memory",
 }
 
 if __name__ == "__main__":

@@ -69,13 +69,20 @@ class PipelineRunner:
         self._non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
 
+    @property
+    def event_names(self) -> list[str]:
+        """ "stage:F<j>" / "stage:B<j>" of each row of a timed step's `event_sec` ([start, end] seconds)."""
+        per_pipeline = self.num_micro_batches // self.num_pipelines
+        return [
+            f"{stage}:{kind}{pipeline * per_pipeline + local}"
+            for pipeline in range(self.num_pipelines)
+            for stage, (kind, local) in self.order
+        ]
+
     def run_metrics(self, timings: dict) -> dict:
         """`metrics.json`'s "pipeline": stages, schedule, each stage's pieces and device, and the bubble:
-        expected (S-1)/(m+S-1) and measured on the last timed step (1 - busy / span, averaged over devices)."""
-        spans, busy = timings.get("tower_step_sec"), timings.get("stage_busy_sec")
-        measured = None
-        if spans and busy:
-            measured = sum(1.0 - b / s for b, s in zip(busy, spans, strict=True) if s > 0) / len(spans)
+        expected, (S-1)/(m+S-1), and measured on the last timed step (`bubble`)."""
+        busy, measured = bubble_of(self.event_names, timings.get("event_sec"), self.num_stages, self.num_pipelines)
         return {
             "pipeline": {
                 "stages": self.num_stages,
@@ -106,8 +113,8 @@ class PipelineRunner:
 
         Returns:
           (a `towers.MicroBatchResult` per micro-batch, in order; when `timed`, {"tower_step_sec": per tower, its
-          first event's start to its last event's end; "stage_busy_sec": per tower, the seconds its events ran},
-          else {}).
+          first event's start to its last event's end; "event_sec": [start, end] of each event, named by
+          `event_names`}, else {}).
         """
         per_pipeline = self.num_micro_batches // self.num_pipelines
         flows = []
@@ -116,19 +123,26 @@ class PipelineRunner:
             state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
             s = self.num_stages
             flows.append(_Flow(batch, task, state, [None] * s, [None] * s, [None] * s, [None] * s, {}, {}))
-        last_op, clock = {}, _Clock(timed)
+        last_op, clock = {}, _Clock(timed, step)
         for pipeline in range(self.num_pipelines):
             for stage, (kind, local) in self.order:
                 j = pipeline * per_pipeline + local
                 device = self.device(pipeline, stage)
                 with tf.device(device), tf.name_scope(f"pipeline{pipeline}_stage{stage}_{kind}{j}"):
-                    with tf.control_dependencies([last_op[device]] if device in last_op else []):
-                        start = clock.start(device)
-                        with tf.control_dependencies([start] if timed else []):
-                            run = self._forward if kind == "F" else self._backward
-                            last_op[device] = tf.group(*run(stage, flows[j], trainable[flows[j].task]), name="done")
+                    waits = [last_op[device]] if device in last_op else []
+                    start = clock.start(device, waits + self._awaited(stage, kind, flows[j]))
+                    with tf.control_dependencies(waits + ([start] if timed else [])):
+                        run = self._forward if kind == "F" else self._backward
+                        last_op[device] = tf.group(*run(stage, flows[j], trainable[flows[j].task]), name="done")
                     clock.end(device, last_op[device])
         return [self._result(flow) for flow in flows], clock.totals(self.towers)
+
+    def _awaited(self, stage: int, kind: str, flow: _Flow) -> list:
+        """What an event waits for besides its device: its inputs from the stage before (forward) or their
+        gradient from the stage after (backward); its clock starts when they are there."""
+        if kind == "F":
+            return tf.nest.flatten(flow.batch if stage == 0 else flow.outputs[stage - 1])
+        return [g for g in flow.upstream if g is not None] if stage < self.num_stages - 1 else []
 
     def _forward(self, stage: int, flow: _Flow, trainable: list):
         inputs = self.task.model_inputs(flow.batch) if stage == 0 else flow.outputs[stage - 1]
@@ -182,21 +196,44 @@ class PipelineRunner:
         return tw.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
 
 
+def bubble_of(names: list[str], events, num_stages: int, num_pipelines: int):
+    """(seconds each device's events ran, the measured bubble) of a timed step's `events` ([start, end] per
+    event, named as `PipelineRunner.event_names`), or (None, None) without them. A device's bubble is the
+    share of its pipeline's span (first start to last end of any of its stages) in which it ran nothing, an
+    event counting from when its inputs were there; the measured bubble is the mean over devices."""
+    if not events:
+        return None, None
+    per_pipeline = len(names) // num_pipelines
+    busy, spans = {}, {}
+    for index, (name, (start, end)) in enumerate(zip(names, events, strict=True)):
+        pipeline, stage = index // per_pipeline, int(name.split(":")[0])
+        device = pipeline * num_stages + stage
+        busy[device] = busy.get(device, 0.0) + (end - start)
+        lo, hi = spans.get(pipeline, (start, end))
+        spans[pipeline] = (min(lo, start), max(hi, end))
+    bubbles = [1.0 - busy[d] / (spans[d // num_stages][1] - spans[d // num_stages][0]) for d in sorted(busy)]
+    return [busy[d] for d in sorted(busy)], sum(bubbles) / len(bubbles)
+
+
 def _indices_by_stage(variables, owner: dict, num_stages: int) -> list[list[int]]:
     """Per stage, the indices in `variables` of those it owns (`owner`: id -> stage)."""
     return [[i for i, v in enumerate(variables) if owner[id(v)] == s] for s in range(num_stages)]
 
 
 class _Clock:
-    """In-graph timestamps of each device's events (only on a timed step: a host callback per event)."""
+    """In-graph timestamps of each event (only on a timed step: two host callbacks per event)."""
 
-    def __init__(self, timed: bool):
-        self.timed, self.first, self.last, self.busy, self._open = timed, {}, {}, {}, None
+    def __init__(self, timed: bool, anchor):
+        self.timed, self.anchor, self.first, self.last = timed, anchor, {}, {}
+        self.events = []  # [start, end] of every event, in build order (`PipelineRunner.event_names`)
+        self._open = None
 
-    def start(self, device: str):
+    def start(self, device: str, waits: list):
+        """The event's start: once its device is free and its inputs are there."""
         if not self.timed:
             return None
-        self._open = tw.now()
+        with tf.control_dependencies(waits):
+            self._open = tw.now(self.anchor)
         self.first.setdefault(device, self._open)
         return self._open
 
@@ -204,13 +241,13 @@ class _Clock:
         if not self.timed:
             return
         with tf.control_dependencies([done]):
-            self.last[device] = tw.now()
-        self.busy[device] = self.busy.get(device, 0.0) + (self.last[device] - self._open)
+            self.last[device] = tw.now(self.anchor)
+        self.events.append(tf.stack([self._open, self.last[device]]))
 
     def totals(self, towers) -> dict:
         if not self.timed:
             return {}
         return {
             "tower_step_sec": tf.stack([self.last[d] - self.first[d] for d in towers]),
-            "stage_busy_sec": tf.stack([tf.cast(self.busy[d], tf.float64) for d in towers]),
+            "event_sec": tf.stack(self.events),
         }

@@ -98,7 +98,7 @@ class SyncUpdate(Updater):
         self._finished = 0  # steps finished by this process (`steps_finished`)
         self.last_timings = {}  # the last timed step's seconds per tower (`runner.run`), as host values
 
-    _timing_names = ("tower_step_sec", "stage_busy_sec")
+    _timing_names = ("tower_step_sec", "event_sec")
 
     def _make_mirrors(self, make_optimizer) -> mirrors_lib.Mirrors:
         """The mirrored variables' replicas (`trainer.step.mirrors`); none without `make_optimizer`."""
