@@ -9,6 +9,7 @@ import itertools
 import random
 
 import keras
+import numpy as np
 import pytest
 
 from models import stages
@@ -269,3 +270,21 @@ def test_the_clocks_of_a_timed_step_do_not_order_the_towers(tmp_path, num_stages
     assert len(clocks) == (2 + K if num_stages == 1 else 2 * (2 * K * num_stages))
     assert not [op.name for op in clocks if any(c in clocks for c in op.control_inputs)]
     trainer.updater.close()
+
+
+def test_the_memory_probe_counts_every_placed_byte_and_the_kept_activations():
+    """State per stage device sums to the weights, a gradient each and Adam's two slots each; each stage keeps
+    activations for its backward pass, the same whatever the schedule (the schedule decides how many micro-batches,
+    not what one keeps)."""
+    from benchmarks.probes import pipeline_memory
+
+    one, other = (pipeline_memory.measure("classify", 2, 4, schedule) for schedule in ("1f1b", "gpipe"))
+    from models.cnn import cnn
+
+    model = cnn((8, 8, 1), 10)
+    size = lambda v: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize  # noqa: E731
+    trainable = sum(size(v) for v in model.trainable_variables)
+    non_trainable = sum(size(v) for v in model.non_trainable_variables)
+    assert sum(one["state"]) == 4 * trainable + non_trainable  # weights, grads, Adam's m, v; BN stats, seeds
+    assert one["saved"] == other["saved"] and all(s > 0 for s in one["saved"])
+    assert (one["in_flight"], other["in_flight"]) == ([2, 1], [4, 4])
