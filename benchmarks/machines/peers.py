@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=400, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side")
     parser.add_argument("--wire_steps", type=int, default=20, help="S of the S and 2S byte-counting runs")
-    parser.add_argument("--hash_steps", type=int, default=50, help="steps of the weights-hash runs")
+    parser.add_argument("--hash_steps", type=int, default=60, help="steps of the weights-hash runs")
     parser.add_argument("--out", default="", help="JSON (default benchmarks/results/peers-WHAT.json)")
     args = parser.parse_args(argv)
     out = args.out or paths.result_path(f"peers-{args.what}.json")

@@ -21,12 +21,12 @@ GLOBAL_BATCH = 128
 STEPS_PER_EXECUTION = 20
 
 
-def towerflow_tasks(num_tasks: int, towers: int, steps: int, model_dir: str, extra=()) -> list[pc.Task]:
-    """`python -m trainer` on `num_tasks` namespaces, task i pinned to its share of the cores."""
+def towerflow_tasks(num_tasks: int, towers: int, steps: int, model_dir: str, extra=(), pin=True) -> list[pc.Task]:
+    """`python -m trainer` on `num_tasks` namespaces, task i pinned to its share of the cores (`pin`)."""
     argv = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}", f"--num_gpus={towers}", *COMMON]
     argv += ["--model=cnn", f"--global_batch_size={GLOBAL_BATCH}", f"--train_steps={steps}", *extra]
     configs = pc.worker_configs(pc.addresses(num_tasks)) if num_tasks > 1 else [None]
-    cores = pc.pinned_cores(list(range(num_tasks)))
+    cores = pc.pinned_cores(list(range(num_tasks))) if pin else [""] * num_tasks
     return [pc.Task(argv, c, i + 1, cores[i], f"{model_dir}.task{i}.log") for i, c in enumerate(configs)]
 
 
@@ -45,14 +45,14 @@ def mwms_tasks(num_tasks: int, steps: int, out: str, deterministic: bool = False
     ]
 
 
-def run_towerflow(num_tasks: int, towers: int, steps: int, model_dir: str, extra=()) -> dict:
-    """One towerflow run: the chief's metrics.json figures and each task's bytes."""
-    tasks = towerflow_tasks(num_tasks, towers, steps, model_dir, extra)
-    run = pc.run_tasks(tasks, list(range(num_tasks)), RUN_TIMEOUT_SEC)
+def run_towerflow(num_tasks, towers, steps, model_dir, extra=(), slow=None, pin=True) -> dict:
+    """One towerflow run: the chief's metrics.json figures and each task's bytes (`slow`: `run_tasks`'s)."""
+    tasks = towerflow_tasks(num_tasks, towers, steps, model_dir, extra, pin)
+    run = pc.run_tasks(tasks, list(range(num_tasks)), RUN_TIMEOUT_SEC, slow)
     _check(run, tasks)
     with open(os.path.join(model_dir, "metrics.json")) as f:
         metrics = json.load(f)
-    keep = ("examples_per_sec", "weights_sha256", "staleness_mean", "staleness_max", "final_loss", "loss")
+    keep = ("examples_per_sec", "weights_sha256", "staleness_mean", "staleness_max", "train_loss", "global_step")
     return {**{k: metrics[k] for k in keep if k in metrics}, **run}
 
 
