@@ -35,11 +35,14 @@ def _load() -> str:
 def sync(args, root: str) -> dict:
     from benchmarks.machines import peers_sync  # noqa: PLC0415 (each command loads what it runs)
 
-    variable_bytes = model_bytes("cnn", (8, 8, 1))[0]
-    out = {"throughput": peers_sync.throughput(args.steps, args.repeats, root)}
-    out["load_after_throughput"] = _load()
-    out["wire"] = peers_sync.wire(args.wire_steps, root, variable_bytes)
-    out["hashes"] = peers_sync.hashes(args.hash_steps, root)
+    out = {}
+    if "throughput" in args.parts:
+        out["throughput"] = peers_sync.throughput(args.steps, args.repeats, root)
+        out["load_after_throughput"] = _load()
+    if "wire" in args.parts:
+        out["wire"] = peers_sync.wire(args.wire_steps, root, model_bytes("cnn", (8, 8, 1))[0])
+    if "hashes" in args.parts:
+        out["hashes"] = peers_sync.hashes(args.hash_steps, root)
     return out
 
 
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side")
     parser.add_argument("--wire_steps", type=int, default=20, help="S of the S and 2S byte-counting runs")
     parser.add_argument("--hash_steps", type=int, default=60, help="steps of the weights-hash runs")
+    parser.add_argument("--parts", default="throughput,wire,hashes", help="sync: which parts, comma-separated")
     parser.add_argument("--out", default="", help="JSON (default benchmarks/results/peers-WHAT.json)")
     args = parser.parse_args(argv)
     out = args.out or paths.result_path(f"peers-{args.what}.json")

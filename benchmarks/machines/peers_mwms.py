@@ -129,15 +129,16 @@ def _custom_loop(strategy, model, optimizer, loss, dataset, steps: int, steps_pe
 LOOPS = {"ctl": _custom_loop, "fit": _fit}
 
 
-def train(steps: int, global_batch: int, steps_per_execution: int, seed: int, deterministic: bool, loop="ctl") -> dict:
+def train(steps, global_batch, steps_per_execution, seed, deterministic, loop="ctl", threads=0) -> dict:
     """Trains the peer for `steps` steps (a multiple of `steps_per_execution`) in this task; returns its
-    figures (every task returns them)."""
+    figures (every task returns them). `threads`: intra-op threads (0: TensorFlow's default, one per core)."""
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     dataset, (x, y) = _data(global_batch, seed)
     model, optimizer, loss = _build(strategy, steps)
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps_per_execution", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="tf.config.experimental.enable_op_determinism")
+    parser.add_argument("--intra_op_threads", type=int, default=0, help="as towerflow's flag; 0: one per core")
     parser.add_argument("--loop", default="ctl", choices=list(LOOPS), help="ctl: custom loop; fit: Keras fit")
     parser.add_argument("--out", required=True, help="this task's JSON")
     args = parser.parse_args(argv)
@@ -179,7 +181,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--steps: a multiple of --steps_per_execution")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     result = train(
-        args.steps, args.global_batch_size, args.steps_per_execution, args.seed, args.deterministic, args.loop
+        args.steps,
+        args.global_batch_size,
+        args.steps_per_execution,
+        args.seed,
+        args.deterministic,
+        args.loop,
+        args.intra_op_threads,
     )
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

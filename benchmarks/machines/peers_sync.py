@@ -30,15 +30,16 @@ def towerflow_tasks(num_tasks: int, towers: int, steps: int, model_dir: str, ext
     return [pc.Task(argv, c, i + 1, cores[i], f"{model_dir}.task{i}.log") for i, c in enumerate(configs)]
 
 
-def mwms_tasks(num_tasks: int, steps: int, out: str, deterministic: bool = False) -> list[pc.Task]:
+def mwms_tasks(num_tasks: int, steps: int, out: str, deterministic=False, extra=(), pin=True) -> list[pc.Task]:
     """The MWMS peer on `num_tasks` namespaces (one task: MWMS's local mode, no TF_CONFIG); task i writes
     `{out}.task{i}.json`."""
     argv = [sys.executable, "-m", "benchmarks.machines.peers_mwms", f"--steps={steps}"]
     argv += [f"--global_batch_size={GLOBAL_BATCH}", f"--steps_per_execution={STEPS_PER_EXECUTION}"]
     argv += ["--deterministic"] if deterministic else []
+    argv += list(extra)
     configs = pc.worker_configs(pc.addresses(num_tasks)) if num_tasks > 1 else [None]
     groups = [i * 2 // num_tasks for i in range(num_tasks)] if num_tasks > 2 else list(range(num_tasks))
-    cores = pc.pinned_cores(groups)
+    cores = pc.pinned_cores(groups) if pin else [""] * num_tasks
     return [
         pc.Task([*argv, f"--out={out}.task{i}.json"], c, i + 1, cores[i], f"{out}.task{i}.log")
         for i, c in enumerate(configs)
@@ -56,9 +57,9 @@ def run_towerflow(num_tasks, towers, steps, model_dir, extra=(), slow=None, pin=
     return {**{k: metrics[k] for k in keep if k in metrics}, **run}
 
 
-def run_mwms(num_tasks: int, steps: int, out: str, deterministic: bool = False) -> dict:
+def run_mwms(num_tasks: int, steps: int, out: str, deterministic=False, extra=(), pin=True) -> dict:
     """One MWMS run: the chief's (task 0's) JSON, every task's weights hash, and each task's bytes."""
-    tasks = mwms_tasks(num_tasks, steps, out, deterministic)
+    tasks = mwms_tasks(num_tasks, steps, out, deterministic, extra, pin)
     run = pc.run_tasks(tasks, list(range(num_tasks)), RUN_TIMEOUT_SEC)
     _check(run, tasks)
     results = []
@@ -135,13 +136,15 @@ def wire(steps: int, root: str, variable_bytes: int) -> dict:
 
 
 def hashes(steps: int, root: str) -> dict:
-    """Final weights' SHA-256 with op determinism on: MWMS 1x1 (local), 2x1 and 4x1 (same global batch);
+    """Final weights' SHA-256 with op determinism, every task unpinned with TensorFlow's default intra-op
+    threads (one per core: on CPU the bits follow the thread count, docs/determinism.md; towerflow refuses
+    `--intra_op_threads` in a multi-task run): MWMS 1x1 (local), 2x1 and 4x1 (same global batch);
     towerflow 2x2 and 1x4 with --deterministic."""
     out = {}
     for m in (1, 2, 4):
-        run = run_mwms(m, steps, f"{root}/h-mwms-{m}", deterministic=True)
+        run = run_mwms(m, steps, f"{root}/h-mwms-{m}", True, pin=False)
         out[f"mwms {m}x1"] = {"all": run["task_hashes"], "trainable": run["task_trainable_hashes"]}
     for m, t in ((2, 2), (1, 4)):
-        run = run_towerflow(m, t, steps, f"{root}/h-tf-{m}x{t}", ["--deterministic"])
+        run = run_towerflow(m, t, steps, f"{root}/h-tf-{m}x{t}", ["--deterministic"], pin=False)
         out[f"towerflow {m}x{t}"] = {"all": [run["weights_sha256"]]}
-    return {"steps": steps, "weights_sha256": out}
+    return {"steps": steps, "pinned": False, "weights_sha256": out}
