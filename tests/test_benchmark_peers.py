@@ -150,7 +150,7 @@ def test_mwms_trains_on_two_namespaces_with_the_same_trainable_weights_on_both(p
     assert run["loss_after"] < 0.6 * run["loss_before"], run
     assert run["task_trainable_hashes"][0] == run["task_trainable_hashes"][1]
     assert min(run["received"][:2]) > 40 * 600_000  # each step's all-reduce crosses both interfaces
-    assert run["received"][2:] == [0, 0] or max(run["received"][2:]) < 10_000  # namespaces 3, 4: unused
+    assert len(run["received"]) == len(run["sent"]) == 2  # namespaces 1 and 2 only
 
 
 @pytest.mark.netns

@@ -17,7 +17,7 @@ import sys
 
 from benchmarks.machines import peers_cluster as pc
 from benchmarks.machines.multinode import free_ports
-from benchmarks.machines.peers_sync import RUN_TIMEOUT_SEC, _check, run_towerflow
+from benchmarks.machines.peers_sync import RUN_TIMEOUT_SEC, check_codes, run_towerflow
 
 EXAMPLES_PER_UPDATE = 64  # towerflow: --global_batch_size=128 / K=2 micro-batches, one update each
 STEPS_PER_EXECUTION = 10
@@ -50,7 +50,7 @@ def run_ps(updates: int, out: str, slow: bool = False) -> dict:
     tasks = ps_tasks(updates, out)
     run = pc.run_tasks(tasks, [0], RUN_TIMEOUT_SEC, (2, SLOW_FACTOR) if slow else None)
     if run["codes"][0] != 0:
-        _check({"codes": [run["codes"][0]]}, tasks)
+        check_codes({"codes": [run["codes"][0]]}, tasks)
     with open(f"{out}.json") as f:
         return {**json.load(f), **run}
 

@@ -19,10 +19,17 @@ import time
 
 from benchmarks.harness import paths
 from benchmarks.machines.multinode import cores_of, free_ports
-from benchmarks.machines.wire import _env
+from benchmarks.machines.wire import PROXY_VARIABLES
 from launch import netns
 
 NET = netns.Network(bridge="br-peers", subnet="10.81.0", prefix="tfpeer", veth_prefix="vpeer")
+
+
+def task_env() -> dict[str, str]:
+    """This process's environment without proxies (gRPC honours them), TF_CONFIG or SLURM_* (as `wire`)."""
+    drop = {*PROXY_VARIABLES, *(v.upper() for v in PROXY_VARIABLES), "TF_CONFIG"}
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM")}
+    return {**env, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def addresses(count: int, ports: list[int] | None = None) -> list[str]:
@@ -68,7 +75,7 @@ def pinned_cores(groups: list[int]) -> list[str]:
 
 
 def start(task: Task) -> subprocess.Popen:
-    env = dict(_env())
+    env = task_env()
     if task.tf_config is not None:
         env["TF_CONFIG"] = json.dumps(task.tf_config)
     argv = (["taskset", "-c", task.cores] if task.cores else []) + task.argv

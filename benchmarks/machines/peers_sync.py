@@ -50,7 +50,7 @@ def run_towerflow(num_tasks, towers, steps, model_dir, extra=(), slow=None, pin=
     """One towerflow run: the chief's metrics.json figures and each task's bytes (`slow`: `run_tasks`'s)."""
     tasks = towerflow_tasks(num_tasks, towers, steps, model_dir, extra, pin)
     run = pc.run_tasks(tasks, list(range(num_tasks)), RUN_TIMEOUT_SEC, slow)
-    _check(run, tasks)
+    check_codes(run, tasks)
     with open(os.path.join(model_dir, "metrics.json")) as f:
         metrics = json.load(f)
     keep = ("examples_per_sec", "weights_sha256", "staleness_mean", "staleness_max", "train_loss", "global_step")
@@ -61,7 +61,7 @@ def run_mwms(num_tasks: int, steps: int, out: str, deterministic=False, extra=()
     """One MWMS run: the chief's (task 0's) JSON, every task's weights hash, and each task's bytes."""
     tasks = mwms_tasks(num_tasks, steps, out, deterministic, extra, pin)
     run = pc.run_tasks(tasks, list(range(num_tasks)), RUN_TIMEOUT_SEC)
-    _check(run, tasks)
+    check_codes(run, tasks)
     results = []
     for i in range(num_tasks):
         with open(f"{out}.task{i}.json") as f:
@@ -74,7 +74,8 @@ def run_mwms(num_tasks: int, steps: int, out: str, deterministic=False, extra=()
     }
 
 
-def _check(run: dict, tasks: list[pc.Task]) -> None:
+def check_codes(run: dict, tasks: list[pc.Task]) -> None:
+    """Raises RuntimeError with task 0's log tail unless every exit code in `run` is 0."""
     if any(c != 0 for c in run["codes"]):
         raise RuntimeError(f"run failed with exit codes {run['codes']}; task 0's log ends:\n{pc.tail(tasks[0].log)}")
 
