@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from benchmarks.machines import peers_cluster as pc
-from benchmarks.machines import peers_slurm
-from benchmarks.machines.peers_mwms import Clock
-from benchmarks.machines.peers_sync import bytes_per_step
+from benchmarks.machines.strategies import cluster as pc
+from benchmarks.machines.strategies import slurm as peers_slurm
+from benchmarks.machines.strategies.mwms import Clock
+from benchmarks.machines.strategies.sync import bytes_per_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,7 +104,7 @@ def test_the_sbatch_script_runs_one_mwms_task_per_rank(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "=== mwms: job 77 on tfn[1-2] (2 nodes)",
-        'TF_CONFIG={"task": 1} -m benchmarks.machines.peers_mwms --steps=7 --out=/out/mwms-77.task1.json',
+        'TF_CONFIG={"task": 1} -m benchmarks.machines.strategies.mwms --steps=7 --out=/out/mwms-77.task1.json',
     ]
 
 
@@ -143,7 +143,7 @@ def peer_namespaces():
 
 @pytest.mark.netns
 def test_mwms_trains_on_two_namespaces_with_the_same_trainable_weights_on_both(peer_namespaces, tmp_path):
-    from benchmarks.machines import peers_sync
+    from benchmarks.machines.strategies import sync as peers_sync
 
     run = peers_sync.run_mwms(2, 40, str(tmp_path / "mwms"))
     assert (run["steps"], run["replicas"], run["timed_steps"]) == (40, 2, 20)
@@ -155,7 +155,7 @@ def test_mwms_trains_on_two_namespaces_with_the_same_trainable_weights_on_both(p
 
 @pytest.mark.netns
 def test_ps_trains_and_reports_its_staleness(peer_namespaces, tmp_path):
-    from benchmarks.machines import peers_async
+    from benchmarks.machines.strategies import asynchronous as peers_async
 
     run = peers_async.run_ps(60, str(tmp_path / "ps"))
     assert (run["workers"], run["updates"], run["timed_updates"]) == (2, 60, 40)

@@ -5,9 +5,10 @@
     python -m benchmarks.machines peers slurm           # the sync pair as 2-node Slurm jobs (node fixture)
     python -m benchmarks.machines peers sync --steps=300 --repeats=3 --out=benchmarks/results/peers-sync.json
 
-Every task runs in its own network namespace (`peers_cluster.NET`), pinned to its share of the 2 cores as
-`benchmarks.machines multinode` pins; the peers' code: peers_mwms.py (sync), peers_ps.py (async),
-peers_mwms.sbatch (Slurm). Results: benchmarks/results/peers.md.
+Every task runs in its own network namespace (`strategies.cluster.NET`), pinned to its share of the 2 cores as
+`benchmarks.machines multinode` pins. The peers' code and each comparison: benchmarks/machines/strategies/
+(mwms.py and mwms.sbatch sync, ps.py async; sync.py, asynchronous.py, slurm.py; cluster.py the processes).
+Results: benchmarks/results/peers.md.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import time
 from importlib import metadata
 
 from benchmarks.harness import paths
-from benchmarks.machines import peers_cluster as pc
 from benchmarks.machines.multinode import _machine, model_bytes
+from benchmarks.machines.strategies import cluster as pc
 
 NAMESPACES = 4  # MWMS 4x1 and the PS cluster's four tasks
 
@@ -33,7 +34,7 @@ def _load() -> str:
 
 
 def sync(args, root: str) -> dict:
-    from benchmarks.machines import peers_sync  # noqa: PLC0415 (each command loads what it runs)
+    from benchmarks.machines.strategies import sync as peers_sync  # noqa: PLC0415 (each command loads what it runs)
 
     out = {}
     if "throughput" in args.parts:
@@ -47,13 +48,13 @@ def sync(args, root: str) -> dict:
 
 
 def async_(args, root: str) -> dict:
-    from benchmarks.machines import peers_async  # noqa: PLC0415
+    from benchmarks.machines.strategies import asynchronous as peers_async  # noqa: PLC0415
 
     return peers_async.compare(args.steps, args.repeats, root)
 
 
 def slurm(args, root: str) -> dict:
-    from benchmarks.machines import peers_slurm  # noqa: PLC0415
+    from benchmarks.machines.strategies import slurm as peers_slurm  # noqa: PLC0415
 
     return peers_slurm.compare(args.steps, root)
 

@@ -1,12 +1,12 @@
 """The async comparison: towerflow's `--update_mode=async` on 2 tasks x 1 device against ParameterServerStrategy
-(benchmarks/machines/peers_ps.py: chief, 2 workers, 1 ps) on the same two namespaces and cores.
+(benchmarks/machines/strategies/ps.py: chief, 2 workers, 1 ps) on the same two namespaces and cores.
 
 Layout, matched to towerflow's: towerflow's task 0 is the chief, holds the variables (`--parameter_device=cpu`)
 and runs tower 0, on core 0 in namespace 1; task 1 runs tower 1 on core 1 in namespace 2. The peer's chief,
 ps and worker 0 share namespace 1 and core 0; worker 1 has namespace 2 and core 1. So on both sides one
 "machine" coordinates, keeps the variables and trains, the other trains, and namespace 2's bytes are the
 traffic between the two machines. Slowed: the process of the second machine's trainer (towerflow's task 1,
-the peer's worker 1) runs 1/3 of the time (`peers_cluster.DutyCycle`), the same on both sides.
+the peer's worker 1) runs 1/3 of the time (`cluster.DutyCycle`), the same on both sides.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 import statistics
 import sys
 
-from benchmarks.machines import peers_cluster as pc
 from benchmarks.machines.multinode import free_ports
-from benchmarks.machines.peers_sync import RUN_TIMEOUT_SEC, check_codes, run_towerflow
+from benchmarks.machines.strategies import cluster as pc
+from benchmarks.machines.strategies.sync import RUN_TIMEOUT_SEC, check_codes, run_towerflow
 
 EXAMPLES_PER_UPDATE = 64  # towerflow: --global_batch_size=128 / K=2 micro-batches, one update each
 STEPS_PER_EXECUTION = 10
@@ -35,7 +35,7 @@ def ps_tasks(updates: int, out: str) -> list[pc.Task]:
     host = first.split(":")[0]
     chief, worker0, ps = (f"{host}:{p}" for p in ports)
     configs = pc.ps_configs(chief, [worker0, second], [ps])
-    argv = [sys.executable, "-m", "benchmarks.machines.peers_ps", f"--updates={updates}"]
+    argv = [sys.executable, "-m", "benchmarks.machines.strategies.ps", f"--updates={updates}"]
     argv += [f"--examples_per_update={EXAMPLES_PER_UPDATE}", f"--steps={STEPS_PER_EXECUTION}", f"--out={out}.json"]
     cores = pc.pinned_cores([0, 1]) if PINNED else ["", ""]
     places = [(1, cores[0]), (1, cores[0]), (2, cores[1]), (1, cores[0])]

@@ -2,7 +2,7 @@
 multi-worker Keras tutorial writes it (TF_CONFIG per task, model and compile under `strategy.scope()`, one
 global-batch dataset that `fit` auto-shards across the workers).
 
-    TF_CONFIG=... python -m benchmarks.machines.peers_mwms --steps=300 --out=task0.json
+    TF_CONFIG=... python -m benchmarks.machines.strategies.mwms --steps=300 --out=task0.json
 
 The same model as towerflow's (models registry `cnn`, digits 8x8x1, the same pixels / 255), the same global
 batch and optimizer as towerflow's defaults (momentum 0.9, learning rate 0.05, cosine decay over the run's
@@ -166,7 +166,7 @@ def train(steps, global_batch, steps_per_execution, seed, deterministic, loop="c
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.machines.peers_mwms", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.machines.strategies.mwms", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--global_batch_size", type=int, default=128)

@@ -4,7 +4,7 @@ servers are `tf.distribute.Server`s that join; the chief builds the model under 
 per-worker dataset (`coordinator.create_per_worker_dataset`) and `coordinator.schedule`s a `tf.function` of
 `strategy.run`s, then `coordinator.join()`s.
 
-    TF_CONFIG=... python -m benchmarks.machines.peers_ps --updates=400 --out=chief.json   # every task alike
+    TF_CONFIG=... python -m benchmarks.machines.strategies.ps --updates=400 --out=chief.json   # every task alike
 
 The chief writes JSON: examples/sec over the updates after the first round (one execution per worker, which
 traces), updates, the loss on a fixed batch before and after, and staleness as towerflow defines it (the
@@ -20,7 +20,7 @@ import json
 import os
 import time
 
-from benchmarks.machines.peers_mwms import LOSS_BATCH, NUM_CLASSES, SHAPE, weights_sha256
+from benchmarks.machines.strategies.mwms import LOSS_BATCH, NUM_CLASSES, SHAPE, weights_sha256
 
 
 def serve(resolver) -> None:
@@ -128,7 +128,9 @@ def train(updates: int, batch: int, steps: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.machines.peers_ps", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.machines.strategies.ps", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--updates", type=int, default=400, help="updates in all (a multiple of --steps)")
     parser.add_argument("--examples_per_update", type=int, default=64, help="towerflow's global batch / K")
     parser.add_argument("--steps", type=int, default=10, help="updates per scheduled function")

@@ -1,5 +1,5 @@
 """The sync comparison: towerflow's M tasks x T devices against `MultiWorkerMirroredStrategy` + Keras `fit`
-(benchmarks/machines/peers_mwms.py) on the same namespaces and cores, the same model, batch and optimizer.
+(benchmarks/machines/strategies/mwms.py) on the same namespaces and cores, the same model, batch and optimizer.
 
 MWMS takes ONE CPU device per worker whatever the logical devices (TensorFlow 2.21's
 `CollectiveAllReduceExtended._initialize_local_devices`: no GPU -> `num_local_devices = 1`), so its layouts
@@ -13,8 +13,8 @@ import os
 import statistics
 import sys
 
-from benchmarks.machines import peers_cluster as pc
 from benchmarks.machines.multinode import COMMON
+from benchmarks.machines.strategies import cluster as pc
 
 RUN_TIMEOUT_SEC = 600
 GLOBAL_BATCH = 128
@@ -33,7 +33,7 @@ def towerflow_tasks(num_tasks: int, towers: int, steps: int, model_dir: str, ext
 def mwms_tasks(num_tasks: int, steps: int, out: str, deterministic=False, extra=(), pin=True) -> list[pc.Task]:
     """The MWMS peer on `num_tasks` namespaces (one task: MWMS's local mode, no TF_CONFIG); task i writes
     `{out}.task{i}.json`."""
-    argv = [sys.executable, "-m", "benchmarks.machines.peers_mwms", f"--steps={steps}"]
+    argv = [sys.executable, "-m", "benchmarks.machines.strategies.mwms", f"--steps={steps}"]
     argv += [f"--global_batch_size={GLOBAL_BATCH}", f"--steps_per_execution={STEPS_PER_EXECUTION}"]
     argv += ["--deterministic"] if deterministic else []
     argv += list(extra)

@@ -1,9 +1,9 @@
 """The sync comparison as 2-node Slurm jobs on launch/node_slurm.py's nodes (tfn1, tfn2: a slurmd each, in
 network namespaces of their own): towerflow's own launcher (`python -m launch.slurm --nodes=2 -- FLAGS`)
-against benchmarks/machines/peers_mwms.sbatch, the script a user would write for MultiWorkerMirroredStrategy.
+against benchmarks/machines/strategies/mwms.sbatch, the script a user would write for MultiWorkerMirroredStrategy.
 
     python -m benchmarks.machines peers slurm --steps=400
-    python -m benchmarks.machines.peers_slurm tf_config      # inside a task of a job: its TF_CONFIG, as JSON
+    python -m benchmarks.machines.strategies.slurm tf_config      # inside a task of a job: its TF_CONFIG, as JSON
 
 The peer's TF_CONFIG comes from Slurm's variables (`tf_config`): the workers are the job's nodes (one task per
 node) on a port derived from the job id, the task index is SLURM_PROCID. One job each side, one after the other.
@@ -22,7 +22,7 @@ from benchmarks.harness import paths
 from benchmarks.machines.multinode import COMMON
 
 BASE_PORT = 21000  # + job id mod 1000: two jobs of this Slurm never share a port; launch.cluster uses 12000+
-SBATCH = Path(__file__).with_name("peers_mwms.sbatch")
+SBATCH = Path(__file__).with_name("mwms.sbatch")
 GLOBAL_BATCH = 128
 JOB_TIMEOUT_SEC = 600
 # Every state a job ends in (as tests/_node_helpers.py's DONE: scontrol shows it while MinJobAge keeps the job)
@@ -71,7 +71,7 @@ def submit_towerflow(slurm, model_dir: str, steps: int, towers: int) -> int:
 
 
 def submit_mwms(slurm, out: str, steps: int) -> int:
-    """`sbatch --nodes=2 peers_mwms.sbatch STEPS OUT`, as a user submits it."""
+    """`sbatch --nodes=2 mwms.sbatch STEPS OUT`, as a user submits it."""
     command = ["sbatch", "--parsable", "--nodes=2", f"--output={out}/mwms-%j.log", str(SBATCH), str(steps), out]
     done = subprocess.run(command, cwd=paths.REPO_ROOT, env=_env(slurm), capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
@@ -124,7 +124,7 @@ def compare(steps: int, root: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv != ["tf_config"]:
-        print("usage: python -m benchmarks.machines.peers_slurm tf_config  (inside a Slurm task)", file=sys.stderr)
+        print("usage: python -m benchmarks.machines.strategies.slurm tf_config  (inside a Slurm task)", file=sys.stderr)
         return 2
     try:
         config = tf_config(dict(os.environ), hostnames(os.environ.get("SLURM_JOB_NODELIST", "")))
