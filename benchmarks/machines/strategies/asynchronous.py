@@ -23,8 +23,8 @@ EXAMPLES_PER_UPDATE = 64  # towerflow: --global_batch_size=128 / K=2 micro-batch
 STEPS_PER_EXECUTION = 10
 SLOW_FACTOR = 3.0
 # Pinned (chief, ps and worker 0 on core 0, worker 1 on core 1, as towerflow's two tasks), the peer made no
-# progress in 60 s (worker 1 had received 0.5 MB; not diagnosed); unpinned it trains. So neither side is
-# pinned here: every process of both sides may use both cores.
+# progress in 60 s, nor in 180 s on a retry (worker 1 had received 0.5 MB; not diagnosed); unpinned it trains.
+# So neither side is pinned here: every process of both sides may use both cores.
 PINNED = False
 
 
