@@ -13,6 +13,7 @@ COMMANDS = {
     "multinode": "benchmarks.machines.multinode",
     "wire": "benchmarks.machines.wire",
     "scaling": "benchmarks.machines.scaling",
+    "peers": "benchmarks.machines.peers",
 }
 
 if __name__ == "__main__":
