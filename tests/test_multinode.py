@@ -132,9 +132,10 @@ def test_sigterm_to_every_task_checkpoints_once_and_resumes_bitwise(tmp_path, re
 
 
 def test_a_killed_chief_ends_its_workers(tmp_path):
-    job = Job(
-        tmp_path / "run", tf_config_envs(3), 1, "--micro_batches=3", "--global_batch_size=63", "--train_steps=100000"
-    )
+    # --intra_op_threads: a runtime option reaches the chief of several tasks (it was refused there: joining the
+    # cluster had started TensorFlow's devices before the run applied it).
+    flags = ("--micro_batches=3", "--global_batch_size=63", "--train_steps=100000", "--intra_op_threads=1")
+    job = Job(tmp_path / "run", tf_config_envs(3), 1, *flags)
     job.wait_for_step(2)
     job.procs[0].kill()
     killed = time.monotonic()

@@ -58,6 +58,9 @@ def connect(cluster: Cluster, config: RunConfig, timeout_sec: float, log=print) 
       WorkerLost: a worker was not listening after `timeout_sec`; the message lists them.
     """
     console.filter_from_now(console.level_in_force())  # TensorFlow's harmless lines of several tasks, as they come
+    # Threads and GPU memory before anything starts TensorFlow's devices (joining the cluster does); `build`
+    # applies them again, which TensorFlow takes as a no-op once they are in force.
+    runtime.apply(config.runtime, config.deterministic)
     if config.towers.device == "cpu":
         devices.configure_logical_cpus(config.towers.num_towers)
     missing = _wait_for(cluster.workers[1:], timeout_sec)
