@@ -64,6 +64,12 @@ ROWS = [
     ("profile", ["--profile_steps=5"], {}, "error: --profile_steps (5) must be two steps A,B"),
     ("keep", ["--keep_checkpoints=0"], {}, "error: --keep_checkpoints (0) must be at least 1"),
     ("async-det", ["--update_mode=async", "--deterministic"], {}, "error: --update_mode=async cannot be"),
+    (
+        "memory-async",
+        ["--update_mode=async", "--nodeterministic", "--device_memory_mb=100"],
+        {},
+        "error: --device_memory_mb (100) is counted from a sync step",
+    ),
     ("stages-divide", ["--num_gpus=4", "--pipeline_stages=3"], {}, "error: --pipeline_stages (3) must divide"),
     (
         "stages-async",

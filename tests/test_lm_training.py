@@ -11,6 +11,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -232,3 +233,41 @@ def test_run_json_records_the_text_the_model_learned(paragraphs, reference):
     assert (run["task.name"], run["task.tokens"], run["task.context"]) == ("lm", "char", 32)
     assert run["task.source_sha256"] == paragraphs["sha256"]
     assert run["towers.loss_reduction"] == "weighted_sum"
+
+
+def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_on_four_stages(
+    make_config, paragraphs, tmp_path
+):
+    """--device_memory_mb=10: a language model of width 128 and 4 blocks (Adam: weights, gradients and two slots,
+    12.5 MiB) is refused before its first step on one device, naming what it needs; cut into 4 stages each
+    device holds a quarter of the state and its stage's activations, and the run builds."""
+    from trainer.loop.build import build
+    from trainer.step import stepmemory
+
+    def config(num_stages):
+        base = _config(make_config, paragraphs, tmp_path, f"wide{num_stages}", 4)
+        task = dataclasses.replace(base.task, layers=4, heads=4, width=128)
+        towers = dataclasses.replace(base.towers, pipeline_stages=num_stages)
+        runtime = dataclasses.replace(base.runtime, device_memory_mb=10)
+        return dataclasses.replace(
+            base, task=task, towers=towers, runtime=runtime, optimizer=cfg.OptimizerConfig("adam")
+        )
+
+    with pytest.raises(cfg.ConfigError) as refused:
+        build(config(1))
+    message = str(refused.value)
+    assert re.match(
+        r"a step needs ~18\.8 MiB on /device:CPU:0 \(variables, slots and gradients 12\.5 MiB \+ 1 micro-batch", message
+    )
+    assert "more than --device_memory_mb=10; cut the model over more devices (--pipeline_stages)" in message
+    trainer = build(config(4))
+    try:
+        needs = stepmemory.needs(trainer.updater, trainer.optimizer, 33)
+        assert max(n.total for n in needs) <= 10 << 20
+        assert [n.in_flight for n in needs] == [4, 3, 2, 1]  # 1f1b, K = 4
+        assert np.isfinite(trainer.updater.train_steps(1).loss)  # and it trains
+        assert sum(n.state for n in needs) == pytest.approx(
+            float(re.search(r"gradients (\d+\.\d) MiB", message)[1]) * 2**20, rel=0.01
+        )
+    finally:
+        trainer.updater.close()

@@ -285,6 +285,7 @@ def test_the_memory_probe_counts_every_placed_byte_and_the_kept_activations():
     size = lambda v: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize  # noqa: E731
     trainable = sum(size(v) for v in model.trainable_variables)
     non_trainable = sum(size(v) for v in model.non_trainable_variables)
-    assert sum(one["state"]) == 4 * trainable + non_trainable  # weights, grads, Adam's m, v; BN stats, seeds
+    # Weights, gradients, Adam's m and v; BatchNorm statistics and seeds; Adam's step counter (an int64).
+    assert sum(one["state"]) == 4 * trainable + non_trainable + 8
     assert one["saved"] == other["saved"] and all(s > 0 for s in one["saved"])
     assert (one["in_flight"], other["in_flight"]) == ([2, 1], [4, 4])

@@ -2,11 +2,10 @@
 of a pipeline holds, at S = 1, 2, 4, counted from the built model and the traced graph (a CPU device reports no
 allocator statistics, so nothing here is read from an allocator).
 
-Per device: the parameter state (each variable on it, its gradient and its optimizer slots: the bytes of the
-variables and slots TensorFlow placed there, plus one gradient per variable) and the activations one
-micro-batch keeps for its backward pass on that stage (every tensor a forward event's ops produce that an op of
-the same micro-batch's backward event reads, on that device; an unknown dimension, the language model's padded
-length, counted as the context + 1), times the micro-batches the schedule keeps in flight on it (1f1b: S - s;
+Per device, as `--device_memory_mb` counts it (`trainer/step/stepmemory.py`): the parameter state (the
+variables and optimizer slots TensorFlow placed there, plus one gradient per variable) and the activations one
+micro-batch keeps for its backward pass on that stage (read from the traced graph; the language model's padded
+length counted as the context + 1), times the micro-batches the schedule keeps in flight on it (1f1b: S - s;
 gpipe: all m of its pipeline). One device is the sum of the S = 4 stages (the same ops), holding one
 micro-batch's activations at a time, or all K (the whole batch: nothing orders a tower's micro-batches, so
 that is what data parallelism may hold). Prints the peak per device against both, and the bound 1/S of the
@@ -18,52 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-
-
-def _bytes(tensor, unknown: int) -> int:
-    dims = [unknown if d is None else d for d in tensor.shape.as_list()] if tensor.shape.rank is not None else [0]
-    return int(np.prod(dims, dtype=np.int64)) * tensor.dtype.size
-
-
-def saved_per_stage(graph, num_stages: int, unknown: int) -> list[int]:
-    """Bytes pipeline 0's micro-batch 0 keeps per stage for its backward pass, read from `graph`: the outputs of
-    its forward event's ops that its backward's ops read (the tape names a gradient op after the forward op it
-    differentiates, under "gradient_tape/", whatever scope it was made in)."""
-    saved = []
-    for stage in range(num_stages):
-        forward = f"pipeline0_stage{stage}_F0/"
-        backward = (f"gradient_tape/{forward}", f"pipeline0_stage{stage}_B0/")
-        kept = {
-            tensor.name
-            for op in graph.get_operations()
-            if op.name.startswith(backward)
-            for tensor in op.inputs
-            if tensor.op.name.startswith(forward)
-        }
-        saved.append(sum(_bytes(graph.get_tensor_by_name(name), unknown) for name in kept))
-    return saved
-
-
-def state_per_device(trainer, devices: list[str]) -> list[int]:
-    """Variables and optimizer slots placed on each device, plus a gradient per trainable variable."""
-    import tensorflow as tf
-
-    from trainer.step import spread
-
-    def on(variables, device) -> int:
-        spec = spread.full_name(device)
-        here = [v for v in variables if tf.DeviceSpec.from_string(spread.device_of(v)) == spec and len(v.shape)]
-        return sum(spread.variable_bytes(v) for v in here)
-
-    model, slots = trainer.model, trainer.optimizer.variables  # gradients: one per trainable variable
-    return [on(model.variables, d) + on(model.trainable_variables, d) + on(slots, d) for d in devices]
-
 
 def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> dict:
     from trainer.loop.build import build
     from trainer.settings import config as cfg
-    from trainer.step import schedules
+    from trainer.step import stepmemory
 
     towers = cfg.TowerConfig(
         num_towers=num_stages,
@@ -79,13 +37,13 @@ def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> di
     lm = cfg.TaskConfig(name=task, layers=4, heads=4, width=128, context=64)
     config = cfg.RunConfig(towers=towers, loop=loop, model=model, task=lm, optimizer=cfg.OptimizerConfig(name="adam"))
     trainer = build(config)
-    runner = trainer.updater.runner
-    saved = saved_per_stage(trainer.updater.step_graph(), num_stages, lm.context + 1)
-    per_stage = schedules.SCHEDULES[schedule](num_stages, micro_batches)
-    flights = [schedules.in_flight(events) for events in per_stage]
-    state = state_per_device(trainer, [runner.device(0, s) for s in range(num_stages)])
+    per_device = stepmemory.needs(trainer.updater, trainer.optimizer, lm.context + 1)[:num_stages]  # pipeline 0
     trainer.updater.close()
-    return {"state": state, "saved": saved, "in_flight": flights}
+    return {
+        "state": [need.state for need in per_device],
+        "saved": [need.kept for need in per_device],
+        "in_flight": [need.in_flight for need in per_device],
+    }
 
 
 def main(argv: list[str]) -> int:

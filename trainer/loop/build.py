@@ -22,7 +22,7 @@ from trainer.loop.records import reader_for
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import mirrors, modes, optim, spread, towers
+from trainer.step import mirrors, modes, optim, spread, stepmemory, towers
 from trainer.step.modes import Plan
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
@@ -95,6 +95,8 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     evaluator = Evaluator(task, model, placement, make_eval, explain=lambda e: bad_records.explain(e, False, log_line))
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
+    if config.runtime.device_memory_mb:  # traces the step: before the first one runs, a step too large is one line
+        stepmemory.check(stepmemory.needs(updater, optimizer, reader.longest_length), config.runtime.device_memory_mb)
     positions = {f"input_position_{i}": it.position for i, it in enumerate(iterators)}
     checkpointer = Checkpointer(
         config.loop.model_dir,

@@ -27,6 +27,7 @@ class ClassifyRecords:
 
     position_size = 2  # a stream's position: (epoch, record)
     padded_length = 1  # images and vectors have no variable length
+    longest_length = 1
 
     def __init__(self, task, config: RunConfig):
         self.task, self.config = task, config
@@ -96,6 +97,8 @@ class FeatureRecords:
         self.position_size = 3 if self.group_batches > 1 else 2
         # The shortest length a padded batch has: its variable-length features' smallest bucket.
         self.padded_length = min((f.buckets[0] for _, f in self.schema.features if f.variable), default=1)
+        # The longest: what a step's memory is counted at (`trainer.step.stepmemory`).
+        self.longest_length = max((f.buckets[-1] for _, f in self.schema.features if f.variable), default=1)
 
     def resolve(self) -> Inputs:
         """The --train_data / --eval_data records, or the task's default data; each file's first record is

@@ -243,6 +243,7 @@ class RuntimeConfig:
     intra_op_threads: int = 0
     gpu_memory_growth: bool = False
     gpu_memory_limit_mb: int = 0  # 0: no limit
+    device_memory_mb: int = 0  # a step's counted bytes per device must fit this; 0: not checked (stepmemory)
     cudnn_autotune: str = "auto"  # TF_CUDNN_USE_AUTOTUNE; auto: off under --deterministic
     grappler: str = ""  # NAME=on|off,... (see `grappler_options`)
 

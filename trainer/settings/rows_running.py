@@ -184,6 +184,17 @@ def cluster_and_runtime() -> list[Flag]:
             check=at_least(0, _TF_DEFAULT),
         ),
         Flag(
+            "device_memory_mb",
+            "runtime.device_memory_mb",
+            g,
+            "Refuse, before the first step, a run whose step needs more than this many MiB on any one device: "
+            "the variables, optimizer slots and gradients placed there plus the activations kept for the backward "
+            "pass times the micro-batches in flight there, counted from the traced step. 0: no check. Any device "
+            "kind (with GPUs, as --gpu_memory_limit_mb); docs/pipelines.md.",
+            FREE,
+            check=at_least(0),
+        ),
+        Flag(
             "cudnn_autotune",
             "runtime.cudnn_autotune",
             g,

@@ -121,6 +121,11 @@ class AsyncMode(UpdateMode):
                 "the loss scale of the moment it lands, not the one it was computed with (2x or 0.5x updates). Use "
                 "--mixed_precision=bf16 (no loss scaling) with async, or sync with fp16."
             )
+        if config.runtime.device_memory_mb:
+            raise ConfigError(
+                f"--device_memory_mb ({config.runtime.device_memory_mb}) is counted from a sync step; async towers "
+                "trace their own: leave it at 0 with --update_mode=async"
+            )
         if config.towers.pipeline_stages > 1:
             raise ConfigError(
                 f"--pipeline_stages ({config.towers.pipeline_stages}) needs --update_mode=sync: a pipeline's stages "

@@ -96,6 +96,19 @@ class PipelineRunner:
             }
         }
 
+    def memory_plan(self) -> list[tuple[str, str, int]]:
+        """(device, the name scope of its first micro-batch's forward, micro-batches in flight there by the
+        schedule) per stage device, for `trainer.step.stepmemory`."""
+        per_pipeline = self.num_micro_batches // self.num_pipelines
+        flights = [
+            schedules.in_flight(events) for events in schedules.SCHEDULES[self.schedule](self.num_stages, per_pipeline)
+        ]
+        return [
+            (self.device(p, s), f"pipeline{p}_stage{s}_F{p * per_pipeline}", flights[s])
+            for p in range(self.num_pipelines)
+            for s in range(self.num_stages)
+        ]
+
     def wrap_micro_batch(self, wrap) -> None:
         """A micro-batch is not one call here: the seam is the tower runner's."""
         raise NotImplementedError("wrap_micro_batch: not available with --pipeline_stages")

@@ -31,7 +31,7 @@ class TowerRunner:
                 if tower not in starts:
                     with tf.control_dependencies(tf.nest.flatten(batches[j])):
                         starts[tower] = tw.now(step) if timed else tf.constant(0.0, tf.float64)
-                with tf.control_dependencies([starts[tower]] if timed else []):
+                with tf.control_dependencies([starts[tower]] if timed else []), tf.name_scope(f"micro_batch{j}"):
                     task = self.layout.task_of_micro_batch(j)
                     state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
                     result = self.micro_batch(trainable[task], state, batches[j], loss_scale)
@@ -49,6 +49,12 @@ class TowerRunner:
     def run_metrics(self, timings: dict) -> dict:
         """What `metrics.json` adds for this runner: nothing."""
         return {}
+
+    def memory_plan(self) -> list[tuple[str, str, int]]:
+        """(device, the name scope of one of its micro-batches, micro-batches alive there at once) per tower,
+        for `trainer.step.stepmemory`: a tower's micro-batches are not ordered, so all of them."""
+        per_tower = self.num_micro_batches // len(self.towers)
+        return [(device, f"micro_batch{t * per_tower}", per_tower) for t, device in enumerate(self.towers)]
 
 
 def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, pipeline_stages: int, schedule):

@@ -1,0 +1,86 @@
+"""What a step needs on each device, counted from the placed variables and the traced step
+(`--device_memory_mb`), and the check that refuses a run whose step cannot fit, before its first step.
+
+Per device: the bytes of the variables and optimizer slots placed there plus a gradient per trainable variable
+it owns (the state), and the activations one micro-batch keeps there for its backward pass (every tensor a
+micro-batch's forward ops produce that its gradient ops read: TensorFlow names a gradient op "gradient_tape/"
++ the forward op's name) times the micro-batches the runner keeps in flight there (`memory_plan`: a tower's
+micro-batches are not ordered, so all of them; a pipeline stage, what its schedule keeps). A dimension unknown
+when the step traces (a padded length) is counted at its longest. It counts what a step holds at its peak,
+not the allocator's overhead, scratch space of kernels, or the input pipeline: a lower bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.settings.config import ConfigError
+from trainer.step import spread
+
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceNeed:
+    device: str
+    state: int  # bytes of variables, slots and gradients placed on the device
+    kept: int  # bytes one micro-batch keeps there for its backward pass
+    in_flight: int  # micro-batches whose activations the device holds at once
+
+    @property
+    def total(self) -> int:
+        return self.state + self.in_flight * self.kept
+
+
+def needs(updater, optimizer, longest: int) -> list[DeviceNeed]:
+    """What the step of a sync `updater` needs on each of its devices (`DeviceNeed`)."""
+    graph = updater.step_graph()
+    model = updater.model
+    out = []
+    for device, scope, in_flight in updater.runner.memory_plan():
+        state = _placed(model.variables, device) + _placed(model.trainable_variables, device)
+        state += _placed(optimizer.variables, device)
+        out.append(DeviceNeed(device, state, kept_bytes(graph, scope, longest), in_flight))
+    return out
+
+
+def check(needs_: list[DeviceNeed], budget_mb: int) -> None:
+    """Raises ConfigError naming the device, what it needs and of what, when any need exceeds `budget_mb`."""
+    worst = max(needs_, key=lambda need: need.total)
+    if worst.total <= budget_mb * MIB:
+        return
+    raise ConfigError(
+        f"a step needs ~{worst.total / MIB:.1f} MiB on {worst.device} (variables, slots and gradients "
+        f"{worst.state / MIB:.1f} MiB + {worst.in_flight} micro-batch(es) x {worst.kept / MIB:.1f} MiB of kept "
+        f"activations), more than --device_memory_mb={budget_mb}; cut the model over more devices "
+        "(--pipeline_stages), or lower the micro-batch (--micro_batches, --global_batch_size)"
+    )
+
+
+def kept_bytes(graph, scope: str, longest: int) -> int:
+    """Bytes of the tensors ops under `scope`/ produce that the gradient ops of `scope` read."""
+    forward, backward = f"{scope}/", f"gradient_tape/{scope}/"
+    kept = {
+        tensor.name
+        for op in graph.get_operations()
+        if op.name.startswith(backward)
+        for tensor in op.inputs
+        if tensor.op.name.startswith(forward)
+    }
+    return sum(_bytes(graph.get_tensor_by_name(name), longest) for name in kept)
+
+
+def _bytes(tensor, longest: int) -> int:
+    if tensor.shape.rank is None:
+        return 0
+    dims = [longest if d is None else d for d in tensor.shape.as_list()]
+    return int(np.prod(dims, dtype=np.int64)) * tensor.dtype.size
+
+
+def _placed(variables, device: str) -> int:
+    spec = spread.full_name(device)
+    here = [v for v in variables if tf.DeviceSpec.from_string(spread.device_of(v)) == spec]
+    return sum(spread.variable_bytes(v) for v in here)
