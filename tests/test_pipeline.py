@@ -185,7 +185,7 @@ def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
     assert pipeline["stage_devices"] == [f"/device:CPU:{s}" for s in range(num_stages)]
     m = K // pipeline["pipelines"]
     assert pipeline["bubble_expected"] == pytest.approx((num_stages - 1) / (m + num_stages - 1))
-    assert 0.0 < pipeline["bubble_measured"] < 1.0
+    assert 0.0 <= pipeline["bubble_measured"] < 1.0
     assert result["parameter_devices"] == [f"/job:localhost/replica:0/task:0/device:CPU:{s}" for s in range(num_stages)]
 
 
@@ -241,6 +241,9 @@ def test_the_measured_bubble_is_each_devices_idle_share_of_its_pipelines_span():
     assert busy == [6, 5]
     assert measured == pytest.approx(((1 - 6 / 8) + (1 - 5 / 8)) / 2)
     assert bubble_of(names, None, 2, 1) == (None, None)
+    # A clock that ran late (stage 0's F1 "ends" at 7, after its B0 started at 4): cut there, 3 s, not 6.
+    late = [(0, 1), (1, 2), (2, 4), (1, 7), (4, 5), (4, 6), (5, 6), (6, 8)]
+    assert bubble_of(names, late, 2, 1)[0] == [8, 5]
 
 
 @pytest.mark.quick
