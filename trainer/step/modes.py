@@ -95,6 +95,7 @@ class SyncMode(UpdateMode):
             make_optimizer=lambda: optim.with_precision(
                 self.make_optimizer(config, global_step), config.towers.mixed_precision
             ),
+            fuse_transfers=config.towers.fuse_transfers,
         )
 
 
