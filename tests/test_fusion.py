@@ -86,26 +86,31 @@ def _between_tasks(tasks: int, towers: int, placement: str, k: int, fuse: bool) 
 
 @pytest.mark.quick
 @pytest.mark.parametrize(
-    "tasks, towers, placement, k, unfused, fused",
+    "tasks, towers, placement, k, unfused, fused, twice",
     [
-        # task 1 receives the cnn's 10 trainable and 4 BatchNorm float values, 2 seed states (int): 16 -> 2
-        # (one float32 buffer, one int buffer). It sends 10 partial gradient sums, its partial weight, loss and
-        # accuracy sum and count, 2 BatchNorm sums with their "unchanged" flags per statistic (4 + 4, not
-        # fused), and each micro-batch's loss (2, not fused: read to name a micro-batch that diverged).
-        (2, 2, "cpu", 4, (18, 24), (4, 5)),
-        (2, 1, "cpu", 2, (17, 22), (3, 4)),  # one micro-batch per task: unfused, its loss is its partial sum
+        # Task 1 receives the cnn's 10 trainable and 4 BatchNorm values (float32) and 2 Dropout seed states
+        # (int64): 16 tensors, fused 2; and the global step once per tower (for the seeds; not fused). It
+        # sends 10 partial gradient sums, its partial weight, loss, accuracy sum and count, and per BatchNorm
+        # statistic a partial sum and an "unchanged" flag (4 + 4): 22 tensors, fused 2 (float32, bool); and
+        # with 2 micro-batches each one's loss (read to name one that diverged; not fused).
+        (2, 2, "cpu", 4, (18, 24), (4, 4), 0),
+        # One micro-batch: unfused, its loss is its partial loss sum, sent once; fused, 4 B twice.
+        (2, 1, "cpu", 2, (17, 22), (3, 3), 4),
+        # Two subtrees, [3, 4) (a single micro-batch, as above) and [4, 6): two of each partial sum unfused.
+        (2, 2, "gpu", 6, (18, 46), (4, 5), 4),
     ],
 )
-def test_fusion_sends_one_buffer_per_device_pair_and_dtype(tasks, towers, placement, k, unfused, fused):
-    """Transfers into and out of task 1 (variables on task 0's CPU), read off the traced step: unfused one per
-    tensor, fused one per (device, device, dtype) for what fusion covers. The bytes are the same."""
+def test_fusion_sends_one_buffer_per_device_pair_and_dtype(tasks, towers, placement, k, unfused, fused, twice):
+    """Transfers into and out of task 1 (variables on task 0), read off the traced step: unfused one per
+    tensor, fused one per (device, device, dtype) for what fusion covers. The same bytes, but for the loss of
+    a micro-batch that is a subtree of its own (`twice`: in the buffer, and alone to be read)."""
     counted = {fuse: _between_tasks(tasks, towers, placement, k, fuse) for fuse in (False, True)}
     for fuse, want in [(False, unfused), (True, fused)]:
         got = counted[fuse].tensors_received["task 1"], counted[fuse].tensors_sent["task 1"]
         assert got == want, (fuse, got)
         assert counted[fuse].unknown_edges == 0
-    assert counted[True].sent == counted[False].sent
-    assert counted[True].received == counted[False].received
+    assert counted[True].sent == {**counted[False].sent, "task 1": counted[False].sent["task 1"] + twice}
+    assert counted[True].received == {**counted[False].received, "task 0": counted[False].received["task 0"] + twice}
 
 
 LAYOUT = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=6", "--checkpoint_every_steps=0")

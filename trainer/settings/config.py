@@ -194,7 +194,7 @@ class TowerConfig:
     max_staleness: int = -1  # async: bound on an update's staleness; negative: unbounded
     jit_compile: bool = False  # XLA-compile the step
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
-    fuse_transfers: bool = False  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
+    fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
 
     @property
