@@ -1,19 +1,20 @@
 """Tensor fusion across tasks: what one task sends one device of another at one point of a step, as one buffer.
 
 Across tasks a sync step moves two sets of tensors (`trainer.step.tree`): the values of the variables a task
-does not own (one copy per task, `Layout.fanout`), and the partial sums of the gradients (and of the loss,
-weight and metric sums) of the subtrees a task holds, to their owner. Unfused, each is its own gRPC transfer,
-and each transfer has a fixed cost on top of its bytes (benchmarks/results/machines.md: ~0.54 ms of a 2x1
-cnn step is fixed, much of it in the number of tensors). Fused (Horovod's tensor fusion), the tensors going
-from one device to one device of another task are flattened and concatenated on the sender, sent as one
-tensor, and split and reshaped on the receiver: one transfer per (source device, destination device, dtype).
+does not own (one copy per task, `Layout.fanout`), and the partial sums of the subtrees a task holds (the
+gradients, the loss, weight and metric sums, the non-trainable state: `Layout.tree_sums`), to their owners.
+Unfused, each is its own gRPC transfer, and each transfer has a fixed cost on top of its bytes
+(benchmarks/results/machines.md: ~0.54 ms of a 2x1 cnn step is fixed, much of it in the number of tensors).
+Fused (Horovod's tensor fusion), the tensors going from one device to one device of another task are
+flattened and concatenated on the sender, sent as one tensor, and split and reshaped on the receiver: one
+transfer per (source device, destination device, dtype).
 
 Concat, split and reshape copy bits, and every add of the tree is the same add on the same device as
 unfused, so the weights are bitwise those of the unfused step (tests/test_fusion.py). What it costs:
 the buffer leaves when its last tensor exists, where unfused each gradient's partial sum leaves as soon as
 it is summed (overlap with the rest of the backward pass), and a copy on each side. Left unfused: the
-mirrored variables' all-reduce (`Layout.all_reduce`), the non-trainable state's combination and the
-per-micro-batch losses (read to name a micro-batch whose loss is not finite).
+mirrored variables' all-reduce (`Layout.all_reduce`) and the per-micro-batch losses (read to name a
+micro-batch whose loss is not finite).
 
 `FusedLayout` is `tree.Layout` with `fanout` and `tree_sums` fused; `trainer.step.sync` picks one of the
 two from `--fuse_transfers`.
