@@ -59,7 +59,6 @@ def _build(num_tasks: int, towers_per_task: int, placement_name: str, k: int, fu
     )
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize(
     "tasks, towers, placement, k",
     [(2, 2, "cpu", 4), (2, 1, "gpu", 2), (2, 2, "gpu", 6), (2, 2, "spread", 4), (4, 1, "spread", 4), (4, 1, "cpu", 4)],
