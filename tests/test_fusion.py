@@ -17,7 +17,7 @@ from tasks.classify import Classify
 from tests._cluster_helpers import Job, grouped_placement, metrics, tf_config_envs
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
-from trainer.step import spread, traffic
+from trainer.step import fusion, spread, traffic, tree
 from trainer.step.sync import SyncUpdate
 from trainer.system import determinism
 
@@ -129,3 +129,26 @@ def test_two_tasks_over_grpc_train_the_same_weights_fused(tmp_path, placement):
         assert result["global_step"] == 6 and result["num_tasks"] == 2
         hashes[fuse] = result["weights_sha256"]
     assert hashes["true"] == hashes["false"], hashes
+
+
+@pytest.mark.quick
+def test_a_shape_known_only_at_run_time_is_sent_on_its_own():
+    """A leaf whose shape is known only at run time (the language model has some) cannot be cut out of a buffer
+    by static sizes: it crosses on its own, the static ones fused; the sums are those of the unfused layout."""
+    towers = ("/device:CPU:0", "/device:CPU:1")  # 2 tasks of one tower each, the CPU the tower's device
+    a, b = np.arange(5, dtype=np.float32), np.arange(3, dtype=np.float32) / 7
+    sums = {}
+    for layout in (tree.Layout(towers, towers, 2), fusion.FusedLayout(towers, towers, 2)):
+
+        @tf.function(input_signature=[tf.TensorSpec([None]), tf.TensorSpec([3])])
+        def step(dynamic, static, layout=layout):
+            leaves = []
+            for j, tower in enumerate(towers):
+                with tf.device(tower):
+                    leaves.append((dynamic * (j + 1), static * (j + 1)))
+            return layout.tree_sums([[leaf[0] for leaf in leaves], [leaf[1] for leaf in leaves]], [towers[0]] * 2)
+
+        sums[type(layout).__name__] = [np.asarray(t) for t in tf.nest.flatten(step(a, b))]
+    for got, want in zip(sums["FusedLayout"], sums["Layout"], strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(sums["FusedLayout"][0], a * 3)

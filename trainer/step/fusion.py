@@ -64,6 +64,9 @@ class FusedLayout(tree.Layout):
             for i, owner in enumerate(owners):
                 if (task, i) in local:
                     copies[i] = local[(task, i)]
+                elif not values[i].shape.is_fully_defined() and self.task_of_device(owner) != task:
+                    with tf.device(self.twin(owner, task)):  # a shape known only at run time: sent on its own
+                        copies[i] = tf.identity(values[i])
                 elif self.task_of_device(owner) != task:
                     twin = self.twin(owner, task)
                     key = (spread.full_name(owner), spread.full_name(twin), values[i].dtype)
@@ -90,6 +93,8 @@ class FusedLayout(tree.Layout):
         partials = {}  # (q, lo, hi) -> the partial result, whose structure the received tensors are packed as
         for q, (leaves, owner) in enumerate(zip(leaf_lists, owners, strict=True)):
             place, owner_task = self.placer(owner), self.task_of_device(owner)
+            if not all(t.shape.is_fully_defined() for t in tf.nest.flatten(list(leaves))):
+                continue  # a shape known only at run time: its partial sums are sent on their own, as unfused
             for task in range(self.num_tasks):
                 if task == owner_task:
                     continue
