@@ -13,8 +13,8 @@ Concat, split and reshape copy bits, and every add of the tree is the same add o
 unfused, so the weights are bitwise those of the unfused step (tests/test_fusion.py). What it costs:
 the buffer leaves when its last tensor exists, where unfused each gradient's partial sum leaves as soon as
 it is summed (overlap with the rest of the backward pass), and a copy on each side. Left unfused: the
-mirrored variables' all-reduce (`Layout.all_reduce`) and the per-micro-batch losses (read to name a
-micro-batch whose loss is not finite).
+mirrored variables' all-reduce (`Layout.all_reduce`), the per-micro-batch losses (read to name a
+micro-batch whose loss is not finite) and tensors whose shape is not static (a buffer is cut by static sizes).
 
 `FusedLayout` is `tree.Layout` with `fanout` and `tree_sums` fused; `trainer.step.sync` picks one of the
 two from `--fuse_transfers`.
