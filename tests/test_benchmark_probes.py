@@ -129,18 +129,26 @@ def test_traffic_counts_the_mlps_bytes_through_the_busiest_device(tmp_path):
 
 
 def test_multinode_times_two_tasks_against_one_and_derives_the_ms_they_add(tmp_path):
+    """By default (`--fusion=both`) the 2-task layout runs with --fuse_transfers off and on, in the same run."""
     out = tmp_path / "multinode.json"
     _run("-m", "benchmarks.machines", "multinode", "--model=mlp", "--steps=20", "--repeats=1", "--pairs=2x1",
          f"--out={out}")  # fmt: skip
     results = json.loads(out.read_text())
     assert (results["model"], results["steps"], results["global_batch_size"]) == ("mlp", 20, 128)
     measured = results["mlp_throughput"]
-    assert measured["pinned"] is True and set(measured["examples_per_sec"]) == {"2x1", "1x2"}
-    two, one = measured["median"]["2x1"], measured["median"]["1x2"]
-    assert [two] == measured["examples_per_sec"]["2x1"] and [one] == measured["examples_per_sec"]["1x2"]
-    assert measured["ratios"] == {"2x1_vs_1x2": pytest.approx(two / one)}
-    assert measured["added_ms_per_step"] == {"2x1_vs_1x2": pytest.approx(1000 * 128 * (1 / two - 1 / one))}
-    assert 500 < one < 1e6 and 0.05 < two / one < 2.0  # a 128-example mlp step takes 0.1-250 ms; gRPC costs
+    assert measured["pinned"] is True and set(measured["examples_per_sec"]) == {"2x1", "2x1-fused", "1x2"}
+    two, fused, one = (measured["median"][name] for name in ("2x1", "2x1-fused", "1x2"))
+    assert [two, fused, one] == [measured["examples_per_sec"][name][0] for name in ("2x1", "2x1-fused", "1x2")]
+    assert measured["ratios"] == {
+        "2x1_vs_1x2": pytest.approx(two / one),
+        "2x1-fused_vs_1x2": pytest.approx(fused / one),
+        "2x1-fused_vs_2x1": pytest.approx(fused / two),
+    }
+    assert measured["added_ms_per_step"] == {
+        "2x1_vs_1x2": pytest.approx(1000 * 128 * (1 / two - 1 / one)),
+        "2x1-fused_vs_1x2": pytest.approx(1000 * 128 * (1 / fused - 1 / one)),
+    }
+    assert 500 < one < 1e6 and 0.05 < two / one < 2.0 and 0.05 < fused / one < 2.0  # 0.1-250 ms a step; gRPC
 
 
 # --- probes ---------------------------------------------------------------------------------------------------

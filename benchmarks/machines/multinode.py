@@ -4,6 +4,7 @@
     python -m benchmarks.machines multinode --repeats=1     # quicker, noisier
     python -m benchmarks.machines multinode --nopin         # every task on every core
     python -m benchmarks.machines multinode --model=mlp     # a model of 0.2 MB: what a step costs beside its bytes
+    python -m benchmarks.machines multinode --fusion=off    # M-task layouts unfused only (default both: fused too)
 
 Throughput: `python -m trainer` with M tasks x T logical CPU devices (TF_CONFIG on 127.0.0.1) against 1 task x
 M*T devices, same flags, global batch and K; runs alternating; ratio of median examples/sec (the trainer's own
@@ -84,22 +85,30 @@ PAIRS = {"2x1": ((2, 1), (1, 2)), "2x2": ((2, 2), (1, 4))}
 GLOBAL_BATCH = 128
 
 
-def throughput(flags: list[str], repeats: int, root: str, pin: bool, pairs=tuple(PAIRS)) -> dict:
-    """Examples/sec of each layout of the PAIRS named in `pairs`, runs alternating, and each pair's ratio of
-    medians and the milliseconds per step the M-task layout adds."""
+# --fusion -> the --fuse_transfers values each M-task layout runs with (a 1-task layout has nothing to fuse)
+FUSION = {"off": ("false",), "on": ("true",), "both": ("false", "true")}
+
+
+def throughput(flags: list[str], repeats: int, root: str, pin: bool, pairs=tuple(PAIRS), fusion="off") -> dict:
+    """Examples/sec of each layout of the PAIRS named in `pairs` (the M-task one with each of `fusion`'s
+    --fuse_transfers, named `MxT-fused` when on), runs alternating, and each M-task run's ratio of medians to
+    its 1-task pair and the milliseconds per step it adds; with both, fused against unfused too."""
     chosen = [PAIRS[name] for name in pairs]
     rates: dict[str, list[float]] = {}
     for r in range(repeats):
-        for pair in chosen:
-            for tasks, towers in pair:
-                name = f"{tasks}x{towers}"
-                metrics = run(tasks, towers, flags, f"{root}/tp-{name}-{r}", pin)
+        for (m, t), (one, k) in chosen:
+            runs = [(f"{m}x{t}" + ("-fused" if fuse == "true" else ""), m, t, fuse) for fuse in FUSION[fusion]]
+            for name, tasks, towers, fuse in [*runs, (f"{one}x{k}", one, k, "false")]:
+                metrics = run(tasks, towers, [*flags, f"--fuse_transfers={fuse}"], f"{root}/tp-{name}-{r}", pin)
                 rates.setdefault(name, []).append(metrics["examples_per_sec"])
     medians = {k: statistics.median(v) for k, v in rates.items()}
     ratios, added = {}, {}
     for (m, t), (one, k) in chosen:
-        ratios[f"{m}x{t}_vs_{one}x{k}"] = medians[f"{m}x{t}"] / medians[f"{one}x{k}"]
-        added[f"{m}x{t}_vs_{one}x{k}"] = 1000 * GLOBAL_BATCH * (1 / medians[f"{m}x{t}"] - 1 / medians[f"{one}x{k}"])
+        for name in [n for n in medians if n.split("-")[0] == f"{m}x{t}"]:
+            ratios[f"{name}_vs_{one}x{k}"] = medians[name] / medians[f"{one}x{k}"]
+            added[f"{name}_vs_{one}x{k}"] = 1000 * GLOBAL_BATCH * (1 / medians[name] - 1 / medians[f"{one}x{k}"])
+        if fusion == "both":
+            ratios[f"{m}x{t}-fused_vs_{m}x{t}"] = medians[f"{m}x{t}-fused"] / medians[f"{m}x{t}"]
     return {"pinned": pin, "examples_per_sec": rates, "median": medians, "ratios": ratios, "added_ms_per_step": added}
 
 
@@ -125,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         "--pin", action=argparse.BooleanOptionalAction, default=True, help="a share of the cores per task"
     )
     parser.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated layout pairs: {', '.join(PAIRS)}")
+    parser.add_argument(
+        "--fusion", default="both", choices=tuple(FUSION), help="M-task layouts with --fuse_transfers off, on or both"
+    )
     parser.add_argument("--out", default=paths.result_path("multinode.json"))
     args = parser.parse_args(argv)
     pairs = [name for name in args.pairs.split(",") if name]
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as root:
         flags = [f"--model={args.model}", f"--global_batch_size={GLOBAL_BATCH}", f"--train_steps={args.steps}"]
         flags.append(f"--parameter_device={args.parameter_device}")  # after COMMON's cpu: the last one counts
-        results[f"{args.model}_throughput"] = throughput(flags, args.repeats, root, args.pin, pairs)
+        results[f"{args.model}_throughput"] = throughput(flags, args.repeats, root, args.pin, pairs, args.fusion)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")

@@ -108,6 +108,15 @@ def towers() -> list[Flag]:
             choices=cfg.MIXED_PRECISION,
         ),
         Flag(
+            "fuse_transfers",
+            "towers.fuse_transfers",
+            g,
+            "Sync, several tasks: what one device sends one device of another task in a step (variable values, "
+            "partial gradient sums) goes as one flat buffer per dtype instead of one tensor each (tensor fusion). "
+            "Same weights bitwise; measured in benchmarks/results/machines.md (Fusion).",
+            FREE,
+        ),
+        Flag(
             "seed",
             "seed",
             g,

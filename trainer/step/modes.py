@@ -100,6 +100,7 @@ class SyncMode(UpdateMode):
             ),
             pipeline_stages=config.towers.pipeline_stages,
             schedule=config.towers.pipeline_schedule,
+            fuse_transfers=config.towers.fuse_transfers,
         )
 
 

@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer.step import fusion, spread, tree
 from trainer.step import mirrors as mirrors_lib
-from trainer.step import spread, tree
 from trainer.step import towers as tw
 from trainer.step.calls import CallSize, in_graph_loop
 from trainer.step.runners import make_runner
@@ -65,6 +65,7 @@ class SyncUpdate(Updater):
         make_optimizer=None,
         pipeline_stages: int = 1,
         schedule: str = "1f1b",
+        fuse_transfers: bool = False,
     ):
         self.task = task
         self.model = model
@@ -83,7 +84,7 @@ class SyncUpdate(Updater):
             [spread.device_of(v) for v in model.non_trainable_variables],
             placement.parameter_device,
         )
-        self._layout = tree.Layout.of(placement, num_micro_batches)
+        self._layout = (fusion.FusedLayout if fuse_transfers else tree.Layout).of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer)
         self.runner = make_runner(
             task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline_stages, schedule
@@ -246,9 +247,12 @@ class SyncUpdate(Updater):
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
             loss_scale = tw.loss_scale(self.optimizer)
-        # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`).
-        trainable = self.mirrors.fanout(spread.read_values(self.model.trainable_variables), self._owners[0])
-        non_trainable = self._layout.fanout(spread.read_values(self.model.non_trainable_variables), self._owners[1])
+        # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`); one
+        # fanout of all the variables, so a fused one sends them together.
+        n = len(self.model.trainable_variables)
+        values = spread.read_values(self.model.trainable_variables + self.model.non_trainable_variables)
+        copies = self.mirrors.fanout(values, self._owners[0] + self._owners[1])
+        trainable, non_trainable = [c[:n] for c in copies], [c[n:] for c in copies]
         results, timings = self.runner.run(batches, trainable, non_trainable, step, report, loss_scale)
         with tf.device(placement.parameter_device):
             metrics = self._apply(results, loss_scale, non_trainable)

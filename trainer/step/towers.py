@@ -239,34 +239,45 @@ def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, 
       replicas there).
     """
     layout = mirrors.layout
-    scalars = layout.placer(owners[2])
-    weight = tree.tree_sum([r.weight for r in results], scalars)
-    metrics = {
-        name: (
-            tree.tree_sum([r.metrics[name][0] for r in results], scalars),
-            tree.tree_sum([r.metrics[name][1] for r in results], scalars),
-        )
-        for name in results[0].metrics
-    }
+    floating, state_lists = _state_leaves(results, seed_flags, old_state, owners[1], layout)
+    weight, loss_sum, metrics, totals, states = _tree_sums(results, owners, mirrors, floating, state_lists)
     with tf.device(owners[2]):
-        loss = per_weight(tree.tree_sum([r.loss for r in results], scalars), weight)
+        loss = per_weight(loss_sum, weight)
     grads, replica_grads = [], {task: {} for task in range(layout.num_tasks)}
-    for i, (device, g) in enumerate(zip(owners[0], zip(*(r.grads for r in results), strict=True), strict=True)):
-        if i not in mirrors.homes:
-            total = tree.tree_sum(list(g), layout.placer(device))
+    for i, device in enumerate(owners[0]):
+        if i in totals:
             with tf.device(device):
-                grads.append(per_weight(total, weight))
+                grads.append(per_weight(totals[i], weight))
             continue
-        means = _all_reduced_means(mirrors, i, list(g), device, weight)
+        means = _all_reduced_means(mirrors, i, [r.grads[i] for r in results], device, weight)
         grads.append(means.pop(layout.task_of_device(device)))
         for task, mean in means.items():
             replica_grads[task][i] = mean
-    new_state = []
-    for i, (seed_flag, device) in enumerate(zip(seed_flags, owners[1], strict=True)):
-        values = [r.non_trainable[i] for r in results]
-        old = [task_state[i] for task_state in old_state]
-        new_state.append(None if seed_flag else _combine_state(values, old, device, layout))
+    new_state = _new_states(results, seed_flags, old_state, owners[1], layout, dict(zip(floating, states, strict=True)))
     return loss, metrics, grads, new_state, replica_grads
+
+
+def _tree_sums(results: list[MicroBatchResult], owners, mirrors, floating: list[int], state_lists: list) -> tuple:
+    """The tree sums of the weights, losses and metric sums and counts (placed for `owners[2]`), of the
+    gradients of the variables owned whole (for their owners) and of the state leaves of the `floating`
+    non-trainable variables (`_state_leaves`, for theirs), as one `Layout.tree_sums`: under
+    `--fuse_transfers` what crosses between tasks goes fused (`trainer.step.fusion`). Returns (weight, loss,
+    metrics, {index: gradient}, [(sum, unchanged)] of the state)."""
+    names = list(results[0].metrics)
+    whole = [i for i in range(len(owners[0])) if i not in mirrors.homes]
+    leaf_lists = [[r.weight for r in results], [r.loss for r in results]]
+    leaf_lists += [[r.metrics[name][part] for r in results] for name in names for part in (0, 1)]
+    leaf_lists += [[r.grads[i] for r in results] for i in whole]
+    devices = [owners[2]] * (2 + 2 * len(names)) + [owners[0][i] for i in whole] + [owners[1][i] for i in floating]
+    sums = mirrors.layout.tree_sums(leaf_lists + state_lists, devices, _sum_or_all)
+    metrics = {name: (sums[2 + 2 * n], sums[3 + 2 * n]) for n, name in enumerate(names)}
+    grads = sums[2 + 2 * len(names) : len(leaf_lists)]
+    return sums[0], sums[1], metrics, dict(zip(whole, grads, strict=True)), sums[len(leaf_lists) :]
+
+
+def _sum_or_all(a, b):
+    """Two leaves (tensors, or tuples of them) combined along the tree: summed, booleans AND-ed."""
+    return tf.nest.map_structure(lambda x, y: tf.logical_and(x, y) if x.dtype == tf.bool else x + y, a, b)
 
 
 def per_weight(total: tf.Tensor, weight: tf.Tensor) -> tf.Tensor:
@@ -284,22 +295,36 @@ def _all_reduced_means(mirrors, index: int, leaves: list, home: str, weight: tf.
     return means
 
 
-def _combine_state(values: list[tf.Tensor], old: list[tf.Tensor], owner: str, layout: tree.Layout):
-    """One non-trainable variable's new value from its K micro-batch values; `old[t]` is task t's copy of
-    the value they started from."""
-    if not values[0].dtype.is_floating:
-        return values[-1]
+def _state_leaves(results: list[MicroBatchResult], seed_flags, old_state, owners, layout: tree.Layout) -> tuple:
+    """The floating non-trainable variables (not seed states) and, per variable, its K leaves (micro-batch
+    value, whether it equals the old value) to combine along the tree; `old_state[t]` is task t's copy of the
+    values the micro-batches started from, `owners` the variables' devices."""
     # BatchNorm: mean of the K updates from the same old value == one update with the mean micro-batch
     # statistic; the same for every tower count. Where no micro-batch changed a value (frozen BatchNorm,
     # Normalization), (K * x) / K can differ from x by an ulp unless K is a power of two: keep x itself
     # there, so untouched state never drifts. "Unchanged" is an AND, combined along the same tree.
-    place, leaves = layout.placer(owner), []
-    for j, value in enumerate(values):
-        with tf.device(place(j, j + 1)):
-            leaves.append((value, tf.equal(value, old[layout.task_of_micro_batch(j)])))
-    total, unchanged = tree.reduce(leaves, lambda a, b: (a[0] + b[0], tf.logical_and(a[1], b[1])), place)
-    with tf.device(owner):
-        return tf.where(unchanged, old[layout.task_of_device(owner)], _mean(total, len(values)))
+    floating = [i for i, flag in enumerate(seed_flags) if not flag and results[0].non_trainable[i].dtype.is_floating]
+    leaf_lists = []
+    for i in floating:
+        place, leaves = layout.placer(owners[i]), []
+        for j, result in enumerate(results):
+            value = result.non_trainable[i]
+            with tf.device(place(j, j + 1)):
+                leaves.append((value, tf.equal(value, old_state[layout.task_of_micro_batch(j)][i])))
+        leaf_lists.append(leaves)
+    return floating, leaf_lists
+
+
+def _new_states(results, seed_flags, old_state, owners, layout: tree.Layout, combined: dict) -> list:
+    """Each non-trainable variable's new value: None for a seed state, the last micro-batch's for an integer,
+    else the mean of the micro-batches' values, or the old value where none changed it (`combined`: index ->
+    (sum, unchanged) along the tree)."""
+    new_state = [None if flag else results[-1].non_trainable[i] for i, flag in enumerate(seed_flags)]
+    for i, (total, unchanged) in combined.items():
+        with tf.device(owners[i]):
+            old = old_state[layout.task_of_device(owners[i])][i]
+            new_state[i] = tf.where(unchanged, old, _mean(total, len(results)))
+    return new_state
 
 
 def _mean(total: tf.Tensor, count: int) -> tf.Tensor:

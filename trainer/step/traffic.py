@@ -29,11 +29,13 @@ _CONDS = ("If", "StatelessIf")
 
 @dataclasses.dataclass
 class Traffic:
-    """Bytes per device (short names such as `CPU:1`) and the edges whose size was not static."""
+    """Bytes and tensors per device (short names such as `CPU:1`) and the edges whose size was not static."""
 
     sent: dict[str, int]
     received: dict[str, int]
     unknown_edges: int = 0
+    tensors_sent: dict[str, int] = dataclasses.field(default_factory=dict)  # transfers, each its fixed cost
+    tensors_received: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def busiest(self) -> tuple[str, int]:
         """The device moving the most bytes in one direction, and that count."""
@@ -77,7 +79,8 @@ def count(graph, default_device: str = "/device:CPU:0", machine_of=None, argumen
         where[inner.ref()] = short_device(getattr(outer, "device", "") or "")
     counter = _Counter(machine_of or (lambda device: device))
     counter.walk(graph, where, short_device(default_device))
-    return Traffic(dict(counter.sent), dict(counter.received), counter.unknown)
+    tensors = dict(counter.tensors_sent), dict(counter.tensors_received)
+    return Traffic(dict(counter.sent), dict(counter.received), counter.unknown, *tensors)
 
 
 class _Counter:
@@ -85,6 +88,8 @@ class _Counter:
         self._machine_of = machine_of
         self.sent = collections.Counter()
         self.received = collections.Counter()
+        self.tensors_sent = collections.Counter()
+        self.tensors_received = collections.Counter()
         self.unknown = 0
         self._seen = set()  # (tensor ref, consuming device): each tensor reaches a device once
 
@@ -126,6 +131,8 @@ class _Counter:
         producer, consumer = self._machine_of(producer), self._machine_of(consumer)
         if producer == consumer:
             return
+        self.tensors_sent[producer] += 1
+        self.tensors_received[consumer] += 1
         size = tensor_bytes(tensor)
         if size is None:
             self.unknown += 1

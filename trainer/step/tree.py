@@ -70,13 +70,13 @@ def reduce(leaves: Sequence, combine: Callable, place: Callable[[int, int], str]
     return node(0, len(leaves))
 
 
-def _add(a, b):
+def add(a, b):
     return a + b
 
 
 def tree_sum(tensors: Sequence, place: Callable[[int, int], str] | None = None):
     """The tree sum of `tensors`, each add under `place(lo, hi)` (None: the ambient device)."""
-    return reduce(tensors, _add, place or (lambda lo, hi: None))
+    return reduce(tensors, add, place or (lambda lo, hi: None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +160,14 @@ class Layout:
                         copies.append(tf.identity(value))
             out.append(copies)
         return out
+
+    def tree_sums(self, leaf_lists: Sequence[Sequence], owners: Sequence[str], combine: Callable = add) -> list:
+        """Each list of per-micro-batch leaves combined along the tree (`reduce`; by default summed), list q's
+        combinations placed by `placer(owners[q])` (on `owners[q]` when the range spans tasks).
+        `trainer.step.fusion.FusedLayout` sends the partial results crossing between tasks as fused buffers
+        instead of one tensor each."""
+        pairs = zip(leaf_lists, owners, strict=True)
+        return [reduce(list(leaves), combine, self.placer(owner)) for leaves, owner in pairs]
 
     def all_reduce(self, leaves: Sequence, home: str) -> dict[int, tf.Tensor]:
         """Each task's copy (on its twin of `home`) of the tree sum of `leaves`, one per micro-batch: the
