@@ -6,7 +6,7 @@ runs its part of the model (`models.stages`) under a `keras.StatelessScope` hold
 inside a GradientTape of its own: the forward pass sends the activations to the next stage's device, the
 backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
 Every op is the op data parallel runs, on another device, so each micro-batch's gradients, losses and new
-BatchNorm statistics are the same bits; they go to `towers.combine`'s fixed tree as every tower's do. The
+BatchNorm statistics are the same bits; they go to `combine.combine`'s fixed tree as every tower's do. The
 stage's variables live on its device in the first pipeline (`trainer.loop.build`), where the tree sums their
 gradients.
 

@@ -18,6 +18,7 @@ from trainer.step import fusion, spread, tree
 from trainer.step import mirrors as mirrors_lib
 from trainer.step import towers as tw
 from trainer.step.calls import CallSize, in_graph_loop
+from trainer.step.combine import combine
 from trainer.step.runners import make_runner
 from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement, tower_of_micro_batch
@@ -262,7 +263,7 @@ class SyncUpdate(Updater):
         return metrics
 
     def _apply(self, results, loss_scale, old_state):
-        loss, metrics, grads, new_state, replica_grads = tw.combine(
+        loss, metrics, grads, new_state, replica_grads = combine(
             results, self._seed_flags, old_state, self._owners, self.mirrors
         )
         applied = tw.apply_update(
