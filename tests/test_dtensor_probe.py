@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.harness import isolated
 from benchmarks.probes import dtensor as probe
 from tests.test_benchmark_probes import _run
 
@@ -15,24 +16,28 @@ from tests.test_benchmark_probes import _run
 @pytest.mark.quick
 def test_compare_is_bitwise_and_reports_the_max_abs_difference():
     a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
-    assert probe.compare("c", "y", a, a.copy()) == probe.row("c", "bits y", "equal", "max abs diff 0")
+    assert isolated.compare("c", "y", a, a.copy()) == isolated.row("c", "bits y", "equal", "max abs diff 0")
     b = a.copy()
     b[1, 0] = np.nextafter(np.float32(3.0), np.float32(4.0))  # one ulp at 3: 2**-22
-    assert probe.compare("c", "y", b, a) == probe.row("c", "bits y", "differs", "max abs diff 2.38e-07")
-    assert probe.compare("c", "loss", np.float32(0.1), np.float32(0.1))["result"] == "equal"
-    assert probe.compare("c", "y", a, a.T[:1])["detail"] == "shape (2, 2) != (1, 2)"
-    assert probe.compare("c", "y", -0.0 * a, 0.0 * a)["result"] == "equal"  # array_equal: -0 == +0
+    assert isolated.compare("c", "y", b, a) == isolated.row("c", "bits y", "differs", "max abs diff 2.38e-07")
+    assert isolated.compare("c", "loss", np.float32(0.1), np.float32(0.1))["result"] == "equal"
+    assert isolated.compare("c", "y", a, a.T[:1])["detail"] == "shape (2, 2) != (1, 2)"
+    assert isolated.compare("c", "y", -0.0 * a, 0.0 * a)["result"] == "equal"  # array_equal: -0 == +0
 
 
 @pytest.mark.quick
 def test_failures_are_one_line_and_the_table_escapes_pipes():
-    assert probe.failure(ValueError("bad mesh\nsecond line")) == "ValueError: bad mesh"
+    assert isolated.failure(ValueError("bad mesh\nsecond line")) == "ValueError: bad mesh"
     wrapped = RuntimeError(
         "in user code:\n\n    File x.py, line 3\n\n    RuntimeError: `unpack` must be called eagerly.\n"
     )
-    assert probe.failure(wrapped) == "RuntimeError: `unpack` must be called eagerly."
-    rows = [probe.row("k", "a|b", "ok", "x | y")]
-    assert probe.table(rows) == ["| check | what | result | detail |", "|---|---|---|---|", "| k | a|b | ok | x / y |"]
+    assert isolated.failure(wrapped) == "RuntimeError: `unpack` must be called eagerly."
+    rows = [isolated.row("k", "a|b", "ok", "x | y")]
+    assert isolated.table(rows) == [
+        "| check | what | result | detail |",
+        "|---|---|---|---|",
+        "| k | a|b | ok | x / y |",
+    ]
 
 
 @pytest.mark.quick
@@ -48,17 +53,17 @@ def test_shard_counts_that_cannot_split_the_kernel_are_refused_in_one_line(capsy
 @pytest.mark.quick
 def test_a_check_whose_process_dies_is_a_row_not_the_end_of_the_probe():
     python = sys.executable
-    aborted = probe.run_isolated("c", [python, "-c", "import os, sys; print('dying', file=sys.stderr); os.abort()"])
-    assert aborted == [probe.row("c", "process", "failed", "killed by SIGABRT: dying")]
-    exited = probe.run_isolated("c", [python, "-c", "import sys; sys.exit(3)"])
-    assert exited == [probe.row("c", "process", "failed", "exit code 3: (no stderr)")]
-    silent = probe.run_isolated("c", [python, "-c", "print('no result line')"])
-    assert silent == [probe.row("c", "process", "failed", "exit code 0: (no stderr)")]
-    rows = [probe.row("c", "a", "ok", "fine")]
+    aborted = isolated.run_isolated("c", [python, "-c", "import os, sys; print('dying', file=sys.stderr); os.abort()"])
+    assert aborted == [isolated.row("c", "process", "failed", "killed by SIGABRT: dying")]
+    exited = isolated.run_isolated("c", [python, "-c", "import sys; sys.exit(3)"])
+    assert exited == [isolated.row("c", "process", "failed", "exit code 3: (no stderr)")]
+    silent = isolated.run_isolated("c", [python, "-c", "print('no result line')"])
+    assert silent == [isolated.row("c", "process", "failed", "exit code 0: (no stderr)")]
+    rows = [isolated.row("c", "a", "ok", "fine")]
     printed = f"import json; print('noise'); print('RESULT ' + json.dumps({rows!r}))"
-    assert probe.run_isolated("c", [python, "-c", printed]) == rows
+    assert isolated.run_isolated("c", [python, "-c", printed]) == rows
     with pytest.raises(subprocess.TimeoutExpired):
-        probe.run_isolated("c", [python, "-c", "import time; time.sleep(30)"], timeout=0.5)
+        isolated.run_isolated("c", [python, "-c", "import time; time.sleep(30)"], timeout=0.5)
 
 
 def test_the_output_split_over_two_cpus_is_created_trained_and_bitwise():
