@@ -63,7 +63,8 @@ class PipelineRunner:
         self.towers = towers
         self.schedule = schedule
         per_pipeline = num_micro_batches // self.num_pipelines
-        self.order = schedules.build_order(schedules.SCHEDULES[schedule](self.num_stages, per_pipeline))
+        self.per_stage = schedules.SCHEDULES[schedule](self.num_stages, per_pipeline)  # each stage's events
+        self.order = schedules.build_order(self.per_stage)
         owner = stages_lib.stage_of_variables(model, stages)
         self._trainable = _indices_by_stage(model.trainable_variables, owner, self.num_stages)
         self._non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
@@ -100,9 +101,7 @@ class PipelineRunner:
         """(device, the name scope of its first micro-batch's forward, micro-batches in flight there by the
         schedule) per stage device, for `trainer.step.stepmemory`."""
         per_pipeline = self.num_micro_batches // self.num_pipelines
-        flights = [
-            schedules.in_flight(events) for events in schedules.SCHEDULES[self.schedule](self.num_stages, per_pipeline)
-        ]
+        flights = [schedules.in_flight(events) for events in self.per_stage]
         return [
             (self.device(p, s), f"pipeline{p}_stage{s}_F{p * per_pipeline}", flights[s])
             for p in range(self.num_pipelines)
