@@ -10,10 +10,10 @@ A model is first a sequence of *pieces*, the places it may be cut between:
   (a ResNet is cut between its residual blocks, never inside one), so one tensor crosses each cut;
 - any other model cannot be cut, and ``pieces`` says so.
 
-``cut`` then groups the pieces into S contiguous stages balanced by parameter bytes (the largest stage as
-small as it can be; the activations a stage keeps are not counted). Bytes depend only on the variables'
-shapes, so every process and every rerun cuts the same way. Each variable belongs to the one stage whose
-pieces use it; a variable two stages share (tied weights) is refused.
+``cut`` then groups the pieces into S contiguous stages: after the pieces the user names (``--pipeline_cuts``),
+or balanced by parameter bytes (the largest stage as small as it can be; the activations a stage keeps are not
+counted). Bytes depend only on the variables' shapes, so every process and every rerun cuts the same way. Each
+variable belongs to the one stage whose pieces use it; a variable two stages share (tied weights) is refused.
 """
 
 from __future__ import annotations
@@ -127,24 +127,49 @@ def _functional_call(sub: keras.Model) -> Callable:
     return call
 
 
-def cut(model: keras.Model, num_stages: int) -> list[Stage]:
-    """`model`'s pieces in `num_stages` contiguous stages, the largest stage's parameter bytes as small as
-    possible (ties: the earlier cut).
+def cut(model: keras.Model, num_stages: int, after: tuple[str, ...] = ()) -> list[Stage]:
+    """`model`'s pieces in `num_stages` contiguous stages: ending after the pieces named in `after` (S-1 names,
+    in order), or, without names, the largest stage's parameter bytes as small as possible (ties: the earlier
+    cut).
 
     Raises:
-      ModelError: fewer pieces than stages, or a variable used by two stages.
+      ModelError: fewer pieces than stages, a name that is not a piece (or out of order), or a variable used by
+        two stages.
     """
     found = pieces(model)
     if len(found) < num_stages:
         raise ModelError(
-            f"model {model.name!r} has {len(found)} place(s) to cut between ({', '.join(p.name for p in found)}) "
+            f"model {model.name!r} has {len(found)} place(s) to cut between ({_names(found)}) "
             f"and --pipeline_stages={num_stages} needs {num_stages}; use fewer stages"
         )
-    sizes = [sum(_bytes(v) for layer in p.layers for v in layer.trainable_variables) for p in found]
-    bounds = _balanced(sizes, num_stages)
+    if after:
+        bounds = [0, *_named_bounds(model, found, after), len(found)]
+    else:
+        sizes = [sum(_bytes(v) for layer in p.layers for v in layer.trainable_variables) for p in found]
+        bounds = _balanced(sizes, num_stages)
     stages = [Stage(s, tuple(found[bounds[s] : bounds[s + 1]])) for s in range(num_stages)]
     stage_of_variables(model, stages)  # refuses shared variables now, not at the first step
     return stages
+
+
+def _named_bounds(model: keras.Model, found: list[Piece], after: tuple[str, ...]) -> list[int]:
+    """The stage boundaries after the pieces named `after`: each a piece but the last, in increasing order."""
+    places = [p.name for p in found[:-1]]
+    bounds = []
+    for name in after:
+        if name not in places:
+            raise ModelError(
+                f"--pipeline_cuts: {name!r} is not a place model {model.name!r} can be cut after; the places, in "
+                f"order: {', '.join(places)}"
+            )
+        bounds.append(places.index(name) + 1)
+    if bounds != sorted(set(bounds)):
+        raise ModelError(f"--pipeline_cuts ({','.join(after)}) must name places in the model's order, each once")
+    return bounds
+
+
+def _names(found: list[Piece]) -> str:
+    return ", ".join(p.name for p in found)
 
 
 def stage_of_variables(model: keras.Model, stages: list[Stage]) -> dict[int, int]:
@@ -168,9 +193,9 @@ def stage_of_variables(model: keras.Model, stages: list[Stage]) -> dict[int, int
     return owner
 
 
-def variable_stages(model: keras.Model, num_stages: int) -> list[int]:
+def variable_stages(model: keras.Model, num_stages: int, after: tuple[str, ...] = ()) -> list[int]:
     """The stage of each of `model.variables` when cut into `num_stages` (`cut`)."""
-    owner = stage_of_variables(model, cut(model, num_stages))
+    owner = stage_of_variables(model, cut(model, num_stages, after))
     return [owner[id(v)] for v in model.variables]
 
 

@@ -134,6 +134,17 @@ def metrics(model_dir) -> dict:
         return json.load(f)
 
 
+def train_tags(model_dir) -> set[str]:
+    """Every tag the run in `model_dir` wrote to its TensorBoard `train` events."""
+    import tensorflow as tf
+
+    tags = set()
+    for name in os.listdir(model_dir / "train"):
+        for event in tf.compat.v1.train.summary_iterator(str(model_dir / "train" / name)):
+            tags.update(value.tag for value in event.summary.value)
+    return tags
+
+
 def grouped_placement(num_tasks: int, towers_per_task: int, placement_name: str):
     """Tasks stood in for by groups of local logical devices, in one process: task t's towers are CPU:t*T ..
     CPU:t*T+T-1 and its CPU is its first tower's device, as on a CPU machine. Variables on the first tower

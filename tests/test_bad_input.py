@@ -89,6 +89,12 @@ ROWS = [
         {},
         "error: --mixed_precision=fp16 cannot be used with --pipeline_stages (2) yet",
     ),
+    (
+        "stages-cuts",
+        ["--num_gpus=4", "--pipeline_stages=2", "--pipeline_cuts=conv1,bn1"],
+        {},
+        "error: --pipeline_cuts names 2 place(s) and --pipeline_stages=2 needs 1",
+    ),
     ("gpu-on-cpu", ["--gpu_memory_growth"], {}, "error: --gpu_memory_growth cannot apply with --device=cpu"),
     ("normalize", ["--normalize=bogus"], {}, "error: --normalize ('bogus') must be"),
     ("grappler", ["--grappler=nonsense=on"], {}, "error: --grappler: unknown option 'nonsense'"),

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from data import text as text_data
-from tests._cluster_helpers import ROOT, Job, metrics, tf_config_envs
+from tests._cluster_helpers import ROOT, Job, metrics, tf_config_envs, train_tags
 from tests._served import RESTORED_EVAL
 from trainer.settings import config as cfg
 
@@ -88,28 +88,35 @@ def test_the_weights_are_those_of_one_tower_for_any_number_of_towers(
     assert result["eval_bits_per_byte"] == pytest.approx(reference["eval_bits_per_byte"], rel=1e-6)
 
 
-@pytest.mark.parametrize("num_towers, num_stages, schedule", [(4, 4, "1f1b"), (4, 2, "gpipe")])
+@pytest.mark.parametrize(
+    "num_towers, num_stages, schedule, cuts, pieces",
+    [
+        (4, 4, "1f1b", (), ["embedding", "block_0", "block_1", "head"]),
+        (4, 2, "gpipe", ("block_1",), ["embedding..block_1", "head"]),  # by bytes: after block_0
+    ],
+)
 def test_through_pipeline_stages_the_weights_are_those_of_one_tower(
-    make_config, paragraphs, reference, tmp_path, num_towers, num_stages, schedule
+    make_config, paragraphs, reference, tmp_path, num_towers, num_stages, schedule, cuts, pieces
 ):
-    """The embedding, the two blocks and the head on 4 stages (1 pipeline), or 2 pipelines of 2 stages: the
-    same bits as one tower without stages (docs/pipelines.md)."""
+    """The embedding, the two blocks and the head on 4 stages (1 pipeline), or 2 pipelines of 2 stages cut where
+    --pipeline_cuts says: the same bits as one tower without stages (docs/pipelines.md)."""
     from trainer.loop.run import train
 
     config = _config(make_config, paragraphs, tmp_path, f"s{num_stages}", num_towers)
-    towers = dataclasses.replace(config.towers, pipeline_stages=num_stages, pipeline_schedule=schedule)
+    towers = dataclasses.replace(
+        config.towers, pipeline_stages=num_stages, pipeline_schedule=schedule, pipeline_cuts=cuts
+    )
     result = train(dataclasses.replace(config, towers=towers))
     assert result["weights_sha256"] == reference["weights_sha256"]
     assert result["train_loss"] == reference["train_loss"]
-    assert result["pipeline"]["stage_pieces"][0].startswith("embedding")
-    assert result["pipeline"]["stage_pieces"][-1].endswith("head")
+    assert result["pipeline"]["stage_pieces"] == pieces
 
 
 def test_killed_on_two_tasks_of_two_stages_a_run_resumes_on_four_stages_bitwise(paragraphs, reference, tmp_path):
     """Stages within a machine, pipelines across machines (2 tasks x 1 pipeline of 2 stages), SIGKILLed after its
     step-3 checkpoint, resumed by one process as one pipeline of 4 stages: the one-tower weights. A checkpoint
     does not depend on S."""
-    flags = _flags(paragraphs, "--checkpoint_every_steps=3")
+    flags = _flags(paragraphs, "--checkpoint_every_steps=3", "--log_every_steps=1")
     job = Job(tmp_path / "run", tf_config_envs(2), 2, *flags, "--pipeline_stages=2")
     job.wait_for_step(4)
     job.kill()
@@ -120,6 +127,10 @@ def test_killed_on_two_tasks_of_two_stages_a_run_resumes_on_four_stages_bitwise(
     result = metrics(tmp_path / "run")
     assert result["weights_sha256"] == reference["weights_sha256"]
     assert (result["pipeline"]["stages"], result["pipeline"]["schedule"]) == (4, "gpipe")
+    # TensorBoard names each device's step time with its stage: both tasks' devices, then the 4 of one task
+    want = {f"tower_step_sec/task_{t}_cpu_{s}_stage_{s}" for t in range(2) for s in range(2)}
+    want |= {f"tower_step_sec/tower_{s}_stage_{s}" for s in range(4)}
+    assert want <= train_tags(tmp_path / "run")
 
 
 def test_two_tasks_of_two_towers_train_the_weights_of_one_tower(paragraphs, reference, tmp_path):

@@ -15,7 +15,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests._cluster_helpers import ROOT, Job, metrics, slurm_envs, tf_config_envs
+from tests._cluster_helpers import ROOT, Job, metrics, slurm_envs, tf_config_envs, train_tags
 from trainer.system import distributed
 
 LAYOUT = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=12", "--checkpoint_every_steps=3")
@@ -56,7 +56,7 @@ def test_every_layout_trains_the_same_weights(tmp_path, reference, num_tasks, en
         assert not re.findall(r"^[EW]\d{4} \d\d:\d\d:.*$", job.output(task), re.MULTILINE), job.output(task)[-3000:]
     per_task = 4 // num_tasks
     want = {f"tower_step_sec/task_{t}_cpu_{g}" for t in range(num_tasks) for g in range(per_task)}
-    assert want <= _train_tags(tmp_path / "run")  # TensorBoard names the towers by task and device
+    assert want <= train_tags(tmp_path / "run")  # TensorBoard names the towers by task and device
 
 
 def test_six_micro_batches_train_the_same_weights_on_every_layout_and_placement(tmp_path):
@@ -72,16 +72,6 @@ def test_six_micro_batches_train_the_same_weights_on_every_layout_and_placement(
         assert result["global_step"] == 6
         hashes[tasks, placement] = result["weights_sha256"]
     assert len(set(hashes.values())) == 1, hashes
-
-
-def _train_tags(model_dir) -> set[str]:
-    import tensorflow as tf
-
-    tags = set()
-    for name in os.listdir(model_dir / "train"):
-        for event in tf.compat.v1.train.summary_iterator(str(model_dir / "train" / name)):
-            tags.update(value.tag for value in event.summary.value)
-    return tags
 
 
 def test_spread_variables_over_the_towers_of_every_task(tmp_path):

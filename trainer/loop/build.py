@@ -131,11 +131,11 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
 def _build_placed_model(config: RunConfig, placement: devices.Placement, task: tasks.Task):
     """The task's model with its variables where they live: all on the parameter device; spread, each on its
     owner; with pipeline stages, each on its stage's device of the first pipeline."""
-    build_fn, num_stages = task.build_model, config.towers.pipeline_stages
+    build_fn, plan = task.build_model, config.towers.pipeline
     reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
-    if num_stages > 1:
-        owners_of = lambda model: stages.variable_stages(model, num_stages)  # noqa: E731
-        return spread.build_spread(build_fn, placement.towers[:num_stages], reseed, owners_of=owners_of)
+    if plan.stages > 1:
+        owners_of = lambda model: stages.variable_stages(model, plan.stages, plan.cuts)  # noqa: E731
+        return spread.build_spread(build_fn, placement.towers[: plan.stages], reseed, owners_of=owners_of)
     if not placement.spread_over:
         return build_fn()
     loss_scaled = optim.loss_scaled(config.towers.mixed_precision)

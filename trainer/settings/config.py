@@ -183,6 +183,15 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """How a model is cut into pipeline stages and run through them (`trainer.step.pipeline`); 1 stage: none."""
+
+    stages: int = 1  # S
+    schedule: str = "1f1b"
+    cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (`models.stages.cut`); empty: by bytes
+
+
+@dataclasses.dataclass(frozen=True)
 class TowerConfig:
     """Which devices compute, and how the global batch is cut between them."""
 
@@ -197,6 +206,7 @@ class TowerConfig:
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
     pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline)
     pipeline_schedule: str = "1f1b"
+    pipeline_cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (models.stages.cut); empty: by bytes
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
 
@@ -204,6 +214,11 @@ class TowerConfig:
     def total_towers(self) -> int:
         """Towers of the whole run: --num_gpus on each of `num_tasks` tasks."""
         return self.num_towers * self.num_tasks
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The --pipeline_* settings as one value, what the step and the model's placement read."""
+        return Pipeline(self.pipeline_stages, self.pipeline_schedule, self.pipeline_cuts)
 
     @property
     def num_pipelines(self) -> int:

@@ -93,6 +93,16 @@ def towers() -> list[Flag]:
             cfg.PIPELINE_SCHEDULES,
         ),
         Flag(
+            "pipeline_cuts",
+            "towers.pipeline_cuts",
+            g,
+            "With --pipeline_stages=S: the S-1 places to cut the model, each the name of the layer (or the "
+            "model's own piece) that ends a stage, in order. Empty: cut where the stages' parameter bytes are "
+            "most even. A name that is not a place to cut is refused with the list of places. Same weights.",
+            FREE,
+            parse=lambda values: tuple(values or ()),
+        ),
+        Flag(
             "xla",
             "towers.jit_compile",
             g,

@@ -61,7 +61,12 @@ def _towers(t: cfg.TowerConfig) -> None:
 
 def _pipeline(t: cfg.TowerConfig) -> None:
     """What --pipeline_stages needs (the update mode refuses it on its own: `trainer.step.modes`)."""
-    s = t.pipeline_stages
+    s, cuts = t.pipeline_stages, t.pipeline_cuts
+    require(
+        not cuts or len(cuts) == s - 1,
+        f"--pipeline_cuts names {len(cuts)} place(s) and --pipeline_stages={s} needs {s - 1}: each names the "
+        "layer that ends one stage, the last stage ends with the model",
+    )
     if s == 1:
         return
     require(

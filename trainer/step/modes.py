@@ -98,8 +98,7 @@ class SyncMode(UpdateMode):
             make_optimizer=lambda: optim.with_precision(
                 self.make_optimizer(config, global_step), config.towers.mixed_precision
             ),
-            pipeline_stages=config.towers.pipeline_stages,
-            schedule=config.towers.pipeline_schedule,
+            pipeline=config.towers.pipeline,
             fuse_transfers=config.towers.fuse_transfers,
         )
 

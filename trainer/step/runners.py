@@ -7,6 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from models import stages
+from trainer.settings.config import Pipeline
 from trainer.step import pipeline
 from trainer.step import towers as tw
 from trainer.system.devices import tower_of_micro_batch
@@ -57,9 +58,9 @@ class TowerRunner:
         return [(device, f"micro_batch{t * per_tower}", per_tower) for t, device in enumerate(self.towers)]
 
 
-def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, pipeline_stages: int, schedule):
-    """The runner of a sync step: `PipelineRunner` over `pipeline_stages` stages, or `TowerRunner` for 1."""
-    if pipeline_stages == 1:
+def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, plan: Pipeline):
+    """The runner of a sync step: `PipelineRunner` over `plan`'s stages, or `TowerRunner` for 1."""
+    if plan.stages == 1:
         return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
-    cut = stages.cut(model, pipeline_stages)
-    return pipeline.PipelineRunner(task, model, towers, cut, schedule, layout, num_micro_batches)
+    cut = stages.cut(model, plan.stages, plan.cuts)
+    return pipeline.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches)

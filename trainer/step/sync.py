@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer.settings.config import Pipeline
 from trainer.step import fusion, spread, tree
 from trainer.step import mirrors as mirrors_lib
 from trainer.step import towers as tw
@@ -23,6 +24,8 @@ from trainer.step.runners import make_runner
 from trainer.step.updater import StepResult, Updater
 from trainer.system.devices import Placement, tower_of_micro_batch
 from trainer.system.stop import Diverged
+
+NO_PIPELINE = Pipeline()  # one stage: every micro-batch on one tower
 
 
 class SyncUpdate(Updater):
@@ -43,8 +46,8 @@ class SyncUpdate(Updater):
       profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
       make_optimizer: () -> a new optimizer like `optimizer`, for the replicas of mirrored variables
         (`trainer.step.mirrors`); None: no variable is mirrored.
-      pipeline_stages, schedule: micro-batches through S stages in that schedule's order
-        (`trainer.step.pipeline`); 1: each on one tower.
+      pipeline: `Pipeline` settings: micro-batches through S stages in their schedule's order
+        (`trainer.step.pipeline`); 1 stage: each micro-batch on one tower.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
     unscales, skipping the update and halving the scale when a gradient is not finite.
@@ -64,8 +67,7 @@ class SyncUpdate(Updater):
         steps_per_call: int = 0,
         profile_steps: tuple[int, int] | None = None,
         make_optimizer=None,
-        pipeline_stages: int = 1,
-        schedule: str = "1f1b",
+        pipeline: Pipeline = NO_PIPELINE,
         fuse_transfers: bool = False,
     ):
         self.task = task
@@ -87,9 +89,7 @@ class SyncUpdate(Updater):
         )
         self._layout = (fusion.FusedLayout if fuse_transfers else tree.Layout).of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer)
-        self.runner = make_runner(
-            task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline_stages, schedule
-        )
+        self.runner = make_runner(task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline)
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
         self._calls = CallSize(steps_per_call, profile_steps)

@@ -42,12 +42,14 @@ class Placement:
         task, device = self._task_and_device(tower)
         return f"task {task} / {self._kind(tower)} {device}"
 
-    def tower_tag(self, tower: int) -> str:
-        """How TensorBoard names a tower: `tower_3`, or `task_1_gpu_1` with several tasks."""
+    def tower_tag(self, tower: int, num_stages: int = 1) -> str:
+        """How TensorBoard names a tower's device: `tower_3`, or `task_1_gpu_1` with several tasks; with pipeline
+        stages, its stage after it (`tower_3_stage_1`: each pipeline is S consecutive devices of a task)."""
+        stage = f"_stage_{tower % num_stages}" if num_stages > 1 else ""
         if self.num_tasks == 1:
-            return f"tower_{tower}"
+            return f"tower_{tower}{stage}"
         task, device = self._task_and_device(tower)
-        return f"task_{task}_{self._kind(tower)}_{device}"
+        return f"task_{task}_{self._kind(tower)}_{device}{stage}"
 
     def _task_and_device(self, tower: int) -> tuple[int, int]:
         per_task = len(self.towers) // self.num_tasks
