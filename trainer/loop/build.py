@@ -22,7 +22,7 @@ from trainer.loop.records import reader_for
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import mirrors, modes, optim, spread, stepmemory, towers
+from trainer.step import mirrors, modes, optim, runners, spread, stepmemory, towers
 from trainer.step.modes import Plan
 from trainer.step.updater import Updater
 from trainer.system import determinism, devices, runtime
@@ -93,7 +93,9 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     # One example, eagerly, before any step traces: a task whose pieces do not fit is one line, not a traceback.
     towers.check_task(task, model, iterators[0].element_spec, reader.padded_length)
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
-    evaluator = Evaluator(task, model, placement, make_eval, explain=lambda e: bad_records.explain(e, False, log_line))
+    forward = runners.inference(model, placement.towers, config.towers.pipeline)  # whole, or through the stages
+    explain = lambda e: bad_records.explain(e, False, log_line)  # noqa: E731
+    evaluator = Evaluator(task, model, placement, make_eval, explain, forward)
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
     if config.runtime.device_memory_mb:  # traces the step: before the first one runs, a step too large is one line
         stepmemory.check(stepmemory.needs(updater, optimizer, reader.longest_length), config.runtime.device_memory_mb)

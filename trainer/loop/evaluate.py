@@ -25,11 +25,14 @@ class Evaluator:
       make_dataset: () -> finite dataset of batches.
       explain: error -> the exception to raise instead (e.g. a `data.DataError` naming a bad eval record), or
         None to raise the error itself; called when evaluating raises a `tf.errors.OpError`.
+      forward: (tower, model inputs) -> the model's outputs for tower `tower`'s part, in inference mode
+        (`trainer.step.runners.inference`: through pipeline stages or whole); None: the whole model there.
     """
 
-    def __init__(self, task, model, placement: Placement, make_dataset, explain=None):
+    def __init__(self, task, model, placement: Placement, make_dataset, explain=None, forward=None):
         self.task = task
         self.model = model
+        self.forward = forward or (lambda tower, inputs: model(inputs, training=False))
         self.placement = placement
         self.make_dataset = make_dataset
         self.explain = explain or (lambda error: None)
@@ -109,6 +112,6 @@ class Evaluator:
         for i, device in enumerate(self.placement.towers):
             part = tf.nest.pack_sequence_as(batch, [p[i] for p in pieces])
             with tf.device(device):
-                outputs = self.model(self.task.model_inputs(part), training=False)
+                outputs = self.forward(i, self.task.model_inputs(part))
                 parts.append((device, tf.nest.map_structure(tw.float32, outputs), part))
         return parts

@@ -1,6 +1,7 @@
 """How a sync step runs its K micro-batches on the towers: whole (`TowerRunner`: micro-batch j on tower
 j*N//K) or through pipeline stages (`trainer.step.pipeline.PipelineRunner`). `make_runner` is the one place
-that chooses; both give `towers.MicroBatchResult`s in micro-batch order, which the fixed tree combines."""
+that chooses; both give `towers.MicroBatchResult`s in micro-batch order, which the fixed tree combines.
+`inference` is the same choice for eval: the whole model on a tower, or its stages on their devices."""
 
 from __future__ import annotations
 
@@ -64,3 +65,28 @@ def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile
         return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
     cut = stages.cut(model, plan.stages, plan.cuts)
     return pipeline.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches)
+
+
+def inference(model, towers, plan: Pipeline):
+    """`forward(tower, inputs) -> outputs` of the model in inference mode on tower `tower`'s part of an eval
+    batch: the whole model on that tower, or, with stages, each stage of the pipeline the part goes to on its
+    own device (a model too large for one device is evaluated where it trains). Part i of N goes to pipeline
+    i*P//N, as micro-batches do; the same ops either way, so the same outputs."""
+    if plan.stages == 1:
+
+        def whole(tower: int, inputs):
+            with tf.device(towers[tower]):
+                return model(inputs, training=False)
+
+        return whole
+    cut = stages.cut(model, plan.stages, plan.cuts)
+    num_pipelines = len(towers) // plan.stages
+
+    def staged(tower: int, inputs):
+        first = tower_of_micro_batch(tower, len(towers), num_pipelines) * plan.stages
+        for s, stage in enumerate(cut):
+            with tf.device(towers[first + s]):
+                inputs = stage.call(inputs, training=False)
+        return inputs
+
+    return staged

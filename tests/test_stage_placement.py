@@ -1,8 +1,11 @@
-"""Cuts named by the user (`--pipeline_cuts`): the stages end after the named pieces, and every name that is not
-a place to cut is refused in one line with the places. The weights do not depend on where a model is cut: the
-run through named cuts is in tests/test_pipeline.py beside the balanced ones."""
+"""Where a pipeline's parts go: the cuts a user names (`--pipeline_cuts`: the stages end after the named pieces,
+every name that is not a place to cut refused in one line with the places), and eval through the stages, each
+on its device. The weights do not depend on where a model is cut: the language model's run through named cuts
+is in tests/test_lm_training.py beside the balanced ones."""
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from models import stages
 from models.registry import ModelError
@@ -78,3 +81,29 @@ def test_the_number_of_names_must_be_one_less_than_the_stages():
         validate.validate(cfg.RunConfig(towers=one_stage))
     plan = cfg.TowerConfig(num_towers=4, pipeline_stages=2, pipeline_cuts=("a",)).pipeline
     assert plan == cfg.Pipeline(stages=2, schedule="1f1b", cuts=("a",))
+
+
+@pytest.mark.quick
+def test_eval_runs_each_stage_of_a_parts_pipeline_on_its_device_with_the_whole_models_outputs():
+    from trainer.step import runners
+
+    model = _cnn()
+    towers = [f"/device:CPU:{i}" for i in range(4)]
+    forward = runners.inference(model, towers, cfg.Pipeline(stages=2))
+    parts = tf.random.stateless_uniform((4, 2, 8, 8, 1), seed=(1, 2))
+
+    @tf.function
+    def every_part(x):
+        return [forward(i, x[i]) for i in range(4)]
+
+    # parts 0, 1 through pipeline 0 (CPU:0, CPU:1), parts 2, 3 through pipeline 1 (CPU:2, CPU:3)
+    devices = {}
+    for op in every_part.get_concrete_function(parts).graph.get_operations():
+        layer = op.name.split("/")[0].rsplit("_", 1)[0]  # "logits_3/MatMul": the 4th call's logits
+        if layer in ("conv1", "logits") and op.type in ("Conv2D", "MatMul"):
+            devices.setdefault(layer, []).append(tf.DeviceSpec.from_string(op.device).device_index)
+    assert devices == {"conv1": [0, 0, 2, 2], "logits": [1, 1, 3, 3]}
+    for i, outputs in enumerate(every_part(parts)):
+        assert np.array_equal(outputs.numpy(), model(parts[i], training=False).numpy())
+    whole = runners.inference(model, towers, cfg.Pipeline())
+    assert np.array_equal(whole(3, parts[3]).numpy(), model(parts[3], training=False).numpy())
