@@ -84,10 +84,10 @@ ROWS = [
         "error: --parameter_device=spread cannot be used with --pipeline_stages",
     ),
     (
-        "stages-fp16",
-        ["--num_gpus=2", "--pipeline_stages=2", "--mixed_precision=fp16"],
+        "stages-xla",
+        ["--num_gpus=2", "--pipeline_stages=2", "--xla"],
         {},
-        "error: --mixed_precision=fp16 cannot be used with --pipeline_stages (2) yet",
+        "error: --xla cannot be used with --pipeline_stages (2) yet",
     ),
     (
         "stages-cuts",

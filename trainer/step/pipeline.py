@@ -39,6 +39,7 @@ class _Flow:
     reg: list  # per stage: the sum of its layers' losses (regularisation), or None
     grads: dict  # variable index -> gradient
     new_state: dict  # non-trainable index -> new value
+    scale: tf.Tensor | None = None  # fp16: the loss scale (`towers.run_micro_batch`), else None
     upstream: list | None = None  # the gradient of the last stage run backward's float inputs
     loss: tf.Tensor | None = None
     weight: tf.Tensor | None = None
@@ -121,7 +122,7 @@ class PipelineRunner:
         Args:
           batches: the K micro-batches; trainable, non_trainable: per task, the variables' values.
           step: the global step (the seeds); timed: measure each device's time.
-          loss_scale: must be None (fp16 is refused with stages).
+          loss_scale: fp16's loss scale (see `towers.run_micro_batch`), or None.
 
         Returns:
           (a `towers.MicroBatchResult` per micro-batch, in order; when `timed`, {"tower_step_sec": per tower, its
@@ -134,7 +135,7 @@ class PipelineRunner:
             task = self.layout.task_of_micro_batch(j)
             state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
             s = self.num_stages
-            flows.append(_Flow(batch, task, state, [None] * s, [None] * s, [None] * s, [None] * s, {}, {}))
+            flows.append(_Flow(batch, task, state, [None] * s, [None] * s, [None] * s, [None] * s, {}, {}, loss_scale))
         last_op, clock = {}, _Clock(timed, step)
         for pipeline in range(self.num_pipelines):
             for stage, (kind, local) in self.order:
@@ -175,6 +176,8 @@ class PipelineRunner:
                 predictions = tf.nest.map_structure(tw.float32, outputs)
                 flow.loss, flow.weight = tw.weighted_sums(self.task, predictions, flow.batch)
                 outputs = flow.loss + flow.weight * reg if reg is not None else flow.loss
+                if flow.scale is not None:  # fp16: the mean, scaled, as `towers.run_micro_batch` differentiates
+                    outputs = tw.per_weight(outputs, flow.weight) * flow.scale
                 reg = None
         for i in self._non_trainable[stage]:
             flow.new_state[i] = scope.get_current_value(self.model.non_trainable_variables[i])
@@ -192,13 +195,13 @@ class PipelineRunner:
             leaves = [x for x in tf.nest.flatten(flow.outputs[stage]) if x.dtype.is_floating]
             pairs = [(x, g) for x, g in zip(leaves, flow.upstream, strict=True) if g is not None]
             if flow.reg[stage] is not None:
-                pairs.append((flow.reg[stage], flow.weight))  # d(weight * reg)/d(reg), as the whole model's
+                pairs.append((flow.reg[stage], _reg_gradient(flow)))
             targets, upstream = [x for x, _ in pairs], [g for _, g in pairs]
         grads = flow.tapes[stage].gradient(targets, values + float_inputs, output_gradients=upstream)
         flow.tapes[stage] = flow.outputs[stage] = flow.carried[stage] = None  # activations may go
         dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         for i, g in zip(self._trainable[stage], dense[: len(values)], strict=True):
-            flow.grads[i] = g
+            flow.grads[i] = g if flow.scale is None else g * tf.cast(flow.weight, g.dtype)  # as a tower's
         flow.upstream = dense[len(values) :]
         return [g for g in dense if g is not None]
 
@@ -206,6 +209,14 @@ class PipelineRunner:
         grads = [flow.grads[i] for i in range(len(self.model.trainable_variables))]
         state = [flow.new_state[i] for i in range(len(self.model.non_trainable_variables))]
         return tw.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
+
+
+def _reg_gradient(flow: _Flow):
+    """The gradient the whole model's tape gives an earlier stage's regularisation sum: d(weight * reg)/d(reg) =
+    weight; with fp16's scale, through `per_weight(...) * scale` first, the same ops in the same order."""
+    if flow.scale is None:
+        return flow.weight
+    return tf.math.divide_no_nan(flow.scale, flow.weight) * flow.weight
 
 
 def bubble_of(names: list[str], events, num_stages: int, num_pipelines: int):
