@@ -42,3 +42,31 @@ def test_a_batch_that_cannot_fit_is_refused_with_the_estimate(tmp_path):
     assert " GB available; lower --global_batch_size or raise --micro_batches" in lines[0]
     assert elapsed < 20, elapsed  # TensorFlow's import and the model; no input pipeline, no graph
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.quick
+def test_on_gpus_a_stage_is_counted_on_its_own_device_and_on_cpus_a_pipeline_once(monkeypatch):
+    """The bound with --pipeline_stages: a GPU holds 1/S of its pipeline's need at least (refused at S=1 under a
+    limit S=4 passes), the host keeps one micro-batch's activations per pipeline, not per tower."""
+    from trainer.settings import config as cfg
+
+    inputs = keras.Input((1000,))
+    model = keras.Model(inputs, keras.layers.Dense(1000)(keras.layers.Dense(1000)(inputs)))
+    weights = 4 * 4 * (2 * 1000 * 1000 + 2 * 1000)  # the variables, their gradients and two slots
+    activations = 4 * 3000  # input, two Dense outputs, per example
+
+    def config(num_stages, limit_mb, device="gpu"):
+        towers = cfg.TowerConfig(num_towers=4, device=device, global_batch_size=64, pipeline_stages=num_stages)
+        return cfg.RunConfig(towers=towers, runtime=cfg.RuntimeConfig(gpu_memory_limit_mb=limit_mb))
+
+    need_mb = (activations * 16 + weights) / (1 << 20)  # one micro-batch of 16 at a time on a GPU
+    with pytest.raises(cfg.ConfigError, match=r"a step needs at least ~0\.0 GB \(12 KB of activations per"):
+        footprint.check_batch_fits(model, config(1, int(need_mb) - 1), (1000,))
+    footprint.check_batch_fits(model, config(1, int(need_mb) + 1), (1000,))
+    footprint.check_batch_fits(model, config(4, int(need_mb / 4) + 1), (1000,))
+    with pytest.raises(cfg.ConfigError, match="16 examples computed at once"):
+        footprint.check_batch_fits(model, config(4, int(need_mb / 4) - 1), (1000,))
+    monkeypatch.setattr(footprint, "available_bytes", lambda config: 1)  # the host: counted, then refused
+    for num_stages, examples in ((1, 64), (2, 32), (4, 16)):  # a micro-batch of 16 per pipeline at once
+        with pytest.raises(cfg.ConfigError, match=f" x {examples} examples computed at once"):
+            footprint.check_batch_fits(model, config(num_stages, 0, "cpu"), (1000,))

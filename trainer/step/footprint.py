@@ -10,6 +10,11 @@ at once) plus the weights, their gradients and two optimizer slots, plus the glo
 On CPU towers all of this shares the host's memory (MemAvailable, or the cgroup's limit); on GPUs it is per
 device and only checked against --gpu_memory_limit_mb (TensorFlow does not say a GPU's size before it
 allocates).
+
+With pipeline stages (`--pipeline_stages=S`) the bound counts pipelines, not towers: each pipeline keeps at
+least one micro-batch's activations of the whole model (its first micro-batch's, across the stages, until
+its backward starts), and on GPUs a device holds one stage, so the fullest device needs at least 1/S of what
+its pipeline needs (the mean over its S devices).
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ def check_batch_fits(model, config: RunConfig, example_shape: tuple[int, ...]) -
     """Raises ConfigError when a step of `config` needs more memory than there is, with both numbers."""
     t = config.towers
     per_micro_batch = t.global_batch_size // t.num_micro_batches
-    concurrent = per_micro_batch * (t.num_towers if t.device == "cpu" else 1)
+    concurrent = per_micro_batch * (t.num_towers // t.pipeline_stages if t.device == "cpu" else 1)
     activations = activation_bytes_per_example(model)
     weights = 4 * sum(math.prod(v.shape) * _dtype_size(v.dtype) for v in model.variables)  # + grads, 2 slots
     batch = t.global_batch_size * math.prod(example_shape) * 4 if t.device == "cpu" else 0
-    needed = activations * concurrent + weights + batch
+    per_device = 1 if t.device == "cpu" else t.pipeline_stages  # a GPU holds one stage (module docstring)
+    needed = -(-(activations * concurrent + weights) // per_device) + batch
     available = available_bytes(config)
     if available is None or needed <= available:
         return
