@@ -138,7 +138,7 @@ def test_settings_a_pipeline_cannot_take_are_refused(towers, message):
     assert message in str(raised.value)
 
 
-def _config(model_dir, num_towers, num_stages, schedule="1f1b") -> cfg.RunConfig:
+def _config(model_dir, num_towers, num_stages, schedule="1f1b", remat=False) -> cfg.RunConfig:
     """The cnn (BatchNorm, two Dropouts) on the digits, K = 8, 6 steps, on logical CPU devices."""
     towers = cfg.TowerConfig(
         num_towers=num_towers,
@@ -148,6 +148,7 @@ def _config(model_dir, num_towers, num_stages, schedule="1f1b") -> cfg.RunConfig
         micro_batches=K,
         pipeline_stages=num_stages,
         pipeline_schedule=schedule,
+        pipeline_remat=remat,
     )
     loop = cfg.LoopConfig(
         model_dir=str(model_dir),
@@ -169,13 +170,19 @@ def data_parallel(tmp_path_factory):
     return train(_config(tmp_path_factory.mktemp("pipeline") / "reference", 4, 1))
 
 
-@pytest.mark.parametrize("num_towers, num_stages, schedule", [(4, 2, "1f1b"), (4, 4, "gpipe"), (2, 2, "gpipe")])
+@pytest.mark.parametrize(
+    "num_towers, num_stages, schedule, remat",
+    [(4, 2, "1f1b", False), (4, 4, "gpipe", False), (2, 2, "gpipe", False)]
+    + [(4, 2, "1f1b", True), (4, 4, "gpipe", True)],
+)
 def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
-    tmp_path, data_parallel, num_towers, num_stages, schedule
+    tmp_path, data_parallel, num_towers, num_stages, schedule, remat
 ):
+    """Also with --pipeline_remat: the forward run again in the backward draws the same Dropout masks and
+    BatchNorm statistics (2x2 1f1b recomputes stage 0 only, 1x4 gpipe every stage)."""
     from trainer.loop.run import train
 
-    result = train(_config(tmp_path / "piped", num_towers, num_stages, schedule))
+    result = train(_config(tmp_path / "piped", num_towers, num_stages, schedule, remat))
     assert result["weights_sha256"] == data_parallel["weights_sha256"]
     assert result["train_loss"] == data_parallel["train_loss"]
     pipeline = result["pipeline"]
@@ -186,6 +193,9 @@ def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
     m = K // pipeline["pipelines"]
     assert pipeline["bubble_expected"] == pytest.approx((num_stages - 1) / (m + num_stages - 1))
     assert 0.0 <= pipeline["bubble_measured"] < 1.0
+    assert pipeline["remat"] is remat
+    recomputing = [s for s in range(num_stages) if remat and (schedule == "gpipe" or s < num_stages - 1)]
+    assert pipeline["recomputing_stages"] == recomputing
     assert result["parameter_devices"] == [f"/job:localhost/replica:0/task:0/device:CPU:{s}" for s in range(num_stages)]
 
 

@@ -197,6 +197,7 @@ class TowerConfig:
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
     pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline)
     pipeline_schedule: str = "1f1b"
+    pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.stagepass)
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
 

@@ -62,6 +62,11 @@ def _towers(t: cfg.TowerConfig) -> None:
 def _pipeline(t: cfg.TowerConfig) -> None:
     """What --pipeline_stages needs (the update mode refuses it on its own: `trainer.step.modes`)."""
     s = t.pipeline_stages
+    require(
+        s > 1 or not t.pipeline_remat,
+        "--pipeline_remat needs --pipeline_stages > 1: it recomputes each stage's forward pass in its backward "
+        "pass; drop it, or cut the model into stages",
+    )
     if s == 1:
         return
     require(

@@ -100,6 +100,7 @@ class SyncMode(UpdateMode):
             ),
             pipeline_stages=config.towers.pipeline_stages,
             schedule=config.towers.pipeline_schedule,
+            remat=config.towers.pipeline_remat,
             fuse_transfers=config.towers.fuse_transfers,
         )
 

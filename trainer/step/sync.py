@@ -43,8 +43,8 @@ class SyncUpdate(Updater):
       profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
       make_optimizer: () -> a new optimizer like `optimizer`, for the replicas of mirrored variables
         (`trainer.step.mirrors`); None: no variable is mirrored.
-      pipeline_stages, schedule: micro-batches through S stages in that schedule's order
-        (`trainer.step.pipeline`); 1: each on one tower.
+      pipeline_stages, schedule, remat: micro-batches through S stages in that schedule's order, each stage
+        recomputing its forward in its backward with `remat` (`trainer.step.pipeline`); 1: each on one tower.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
     unscales, skipping the update and halving the scale when a gradient is not finite.
@@ -66,6 +66,7 @@ class SyncUpdate(Updater):
         make_optimizer=None,
         pipeline_stages: int = 1,
         schedule: str = "1f1b",
+        remat: bool = False,
         fuse_transfers: bool = False,
     ):
         self.task = task
@@ -88,8 +89,9 @@ class SyncUpdate(Updater):
         self._layout = (fusion.FusedLayout if fuse_transfers else tree.Layout).of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer)
         self.runner = make_runner(
-            task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline_stages, schedule
-        )
+            task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline_stages, schedule,
+            remat,
+        )  # fmt: skip
         self._step_fn = tf.function(self._step)
         self._lean_fn = tf.function(self._lean_steps)
         self._calls = CallSize(steps_per_call, profile_steps)
