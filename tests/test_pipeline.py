@@ -230,6 +230,56 @@ def test_the_traced_step_runs_each_stage_in_the_schedules_order(tmp_path, schedu
     trainer.updater.close()
 
 
+def test_with_remat_a_stage_recomputes_its_forward_inside_its_backward_event(tmp_path):
+    """1f1b at S = 4: stages 0-2 hold more than one micro-batch, so their forward events run without a tape and
+    their backward events run the forward again (every Conv2D, MatMul and batch norm of the forward, under
+    "<event>/recompute") and differentiate that; the recomputed ops wait (data or control, transitively) on the
+    device's previous event. The last stage (one micro-batch in flight) keeps its tape."""
+    from trainer.loop.build import build
+
+    num_stages = 4
+    trainer = build(_config(tmp_path / "remat", 4, num_stages, "1f1b", remat=True))
+    graph = trainer.updater.step_graph()
+    trainer.updater.close()
+    ops = graph.get_operations()
+    controlled = {}
+    for op in ops:
+        for control in op.control_inputs:
+            controlled.setdefault(control, []).append(op)
+    compute = ("Conv2D", "MatMul", "FusedBatchNormV3")
+    for stage, events in enumerate(schedules.one_f_one_b(num_stages, K)):
+        for index, (kind, j) in enumerate(events):
+            if kind == "F":
+                continue
+            forward, backward = f"pipeline0_stage{stage}_F{j}/", f"pipeline0_stage{stage}_B{j}/"
+            taped = [op for op in ops if op.name.startswith(f"gradient_tape/{forward}")]
+            recomputed = [op for op in ops if op.name.startswith(f"{backward}recompute/")]
+            ran = sorted(op.type for op in ops if op.name.startswith(forward) and op.type in compute)
+            assert ran, forward
+            if stage == num_stages - 1:
+                assert taped and not recomputed
+                continue
+            assert not taped
+            assert sorted(op.type for op in recomputed if op.type in compute) == ran
+            if j == 0:  # the first backward (the walk is slow in Python): after the device's previous event
+                kind_before, j_before = events[index - 1]
+                done = graph.get_operation_by_name(f"pipeline0_stage{stage}_{kind_before}{j_before}/done")
+                assert set(recomputed) <= _after(done, controlled), stage
+
+
+def _after(op, controlled: dict) -> set:
+    """Every op that runs after `op`: its data and control consumers (`controlled`: op -> ops it is a control
+    input of), transitively."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for consumer in [c for out in current.outputs for c in out.consumers()] + controlled.get(current, []):
+            if consumer not in seen:
+                seen.add(consumer)
+                todo.append(consumer)
+    return seen
+
+
 @pytest.mark.quick
 def test_the_cut_depends_on_the_bytes_alone():
     """A rebuild (a resume, another process) cuts where the first build did: by bytes, whatever else."""
@@ -288,10 +338,19 @@ def test_the_clocks_of_a_timed_step_do_not_order_the_towers(tmp_path, num_stages
 def test_the_memory_probe_counts_every_placed_byte_and_the_kept_activations():
     """State per stage device sums to the weights, a gradient each and Adam's two slots each; each stage keeps
     activations for its backward pass, the same whatever the schedule (the schedule decides how many micro-batches,
-    not what one keeps)."""
+    not what one keeps). With remat (gpipe: both stages recompute) a stage keeps its inputs per micro-batch (4
+    images of 8 x 8 x 1; bn2's output, 4 x 8 x 8 x 64, float32) and one micro-batch's activations, exactly what
+    the stage kept without remat."""
     from benchmarks.probes import pipeline_memory
 
     one, other = (pipeline_memory.measure("classify", 2, 4, schedule) for schedule in ("1f1b", "gpipe"))
+    remat = pipeline_memory.measure("classify", 2, 4, "gpipe", remat=True)
+    assert remat["saved"] == [4 * 8 * 8 * 1 * 4, 4 * 8 * 8 * 64 * 4]
+    assert remat["recomputed"] == other["saved"] and one["recomputed"] == other["recomputed"] == [0, 0]
+    assert remat["total"] == [
+        st + 4 * kept + re for st, kept, re in zip(remat["state"], remat["saved"], other["saved"], strict=True)
+    ]
+    assert all(r < o for r, o in zip(remat["total"], other["total"], strict=True))
     from models.cnn import cnn
 
     model = cnn((8, 8, 1), 10)

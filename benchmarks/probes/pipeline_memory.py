@@ -18,7 +18,7 @@ import argparse
 import sys
 
 
-def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> dict:
+def measure(task: str, num_stages: int, micro_batches: int, schedule: str, remat: bool = False) -> dict:
     from trainer.loop.build import build
     from trainer.settings import config as cfg
     from trainer.step import stepmemory
@@ -31,6 +31,7 @@ def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> di
         micro_batches=micro_batches,
         pipeline_stages=num_stages,
         pipeline_schedule=schedule,
+        pipeline_remat=remat,
     )
     loop = cfg.LoopConfig(model_dir=f"/tmp/pipeline_memory_{task}", train_steps=10, export=False)
     model = cfg.ModelConfig(name="cnn")
@@ -43,6 +44,8 @@ def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> di
         "state": [need.state for need in per_device],
         "saved": [need.kept for need in per_device],
         "in_flight": [need.in_flight for need in per_device],
+        "recomputed": [need.recomputed for need in per_device],
+        "total": [need.total for need in per_device],
     }
 
 

@@ -22,6 +22,8 @@ import tensorflow as tf
 from trainer.step import stepmemory
 from trainer.step import towers as tw
 
+RECOMPUTE = "recompute"  # the name scope of a backward event's recomputed forward
+
 
 @dataclasses.dataclass
 class Pass:
@@ -107,15 +109,18 @@ class Recomputed:
         return run(kept), kept
 
     def backward(self, run, sources, kept):
-        """Runs the forward again on the kept inputs under a tape. Returns (the tape, its pass, the inputs)."""
-        tape, result = _taped(run, sources, kept)
+        """Runs the forward again on the kept inputs under a tape, in the name scope "recompute" (inside the
+        backward event's). Returns (the tape, its pass, the inputs)."""
+        with tf.name_scope(RECOMPUTE):
+            tape, result = _taped(run, sources, kept)
         return tape, result, kept
 
     def memory(self, device: str, forward: str, backward: str, in_flight: int) -> stepmemory.Plan:
         """Each micro-batch in flight holds its inputs (what the backward reads from the forward); one
         backward at a time holds what its recomputation's gradient ops read."""
         held = stepmemory.Held(forward, (backward, f"gradient_tape/{backward}"))
-        return stepmemory.Plan(device, in_flight, held, recomputed=stepmemory.Held.by_gradient(backward))
+        recomputed = stepmemory.Held.by_gradient(f"{backward}/{RECOMPUTE}")  # not the tape's sums in `backward`
+        return stepmemory.Plan(device, in_flight, held, recomputed=recomputed)
 
 
 def way_for(remat: bool, in_flight: int) -> Taped | Recomputed:
