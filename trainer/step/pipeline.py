@@ -3,8 +3,9 @@
 The N towers of a machine form N/S pipelines of S consecutive devices (pipeline p, stage s: tower p*S + s);
 micro-batch j runs on pipeline j*P//K, as it would on tower j*N//K without stages, on the same task. A stage
 runs its part of the model (`models.stages`) under a `keras.StatelessScope` holding its variables' values,
-inside a GradientTape of its own: the forward pass sends the activations to the next stage's device, the
-backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
+inside a GradientTape of its own (`trainer.step.stagepass`: the forward's, or with `--pipeline_remat` one the
+backward records running the forward again): the forward pass sends the activations to the next stage's device,
+the backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
 Every op is the op data parallel runs, on another device, so each micro-batch's gradients, losses and new
 BatchNorm statistics are the same bits; they go to `combine.combine`'s fixed tree as every tower's do. The
 stage's variables live on its device in the first pipeline (`trainer.loop.build`), where the tree sums their
