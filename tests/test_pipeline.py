@@ -281,6 +281,21 @@ def _after(op, controlled: dict) -> set:
 
 
 @pytest.mark.quick
+def test_a_refusal_names_what_a_backward_recomputes():
+    from trainer.step import stepmemory
+
+    need = stepmemory.DeviceNeed("/device:CPU:0", state=3 << 20, kept=1 << 19, in_flight=4, recomputed=5 << 20)
+    assert need.total == 10 << 20
+    stepmemory.check([need], 10)  # fits
+    with pytest.raises(cfg.ConfigError) as refused:
+        stepmemory.check([need], 9)
+    assert str(refused.value).startswith(
+        "a step needs ~10.0 MiB on /device:CPU:0 (variables, slots and gradients 3.0 MiB + 4 micro-batch(es) x "
+        "0.5 MiB of kept activations + 5.0 MiB recomputed in a backward), more than --device_memory_mb=9; "
+    )
+
+
+@pytest.mark.quick
 def test_the_cut_depends_on_the_bytes_alone():
     """A rebuild (a resume, another process) cuts where the first build did: by bytes, whatever else."""
     from models.cnn import cnn
