@@ -71,6 +71,7 @@ ROWS = [
         "error: --device_memory_mb (100) is counted from a sync step",
     ),
     ("stages-divide", ["--num_gpus=4", "--pipeline_stages=3"], {}, "error: --pipeline_stages (3) must divide"),
+    ("remat-alone", ["--pipeline_remat"], {}, "error: --pipeline_remat needs --pipeline_stages > 1"),
     (
         "stages-async",
         ["--num_gpus=2", "--pipeline_stages=2", "--update_mode=async", "--nodeterministic"],

@@ -89,24 +89,31 @@ def test_the_weights_are_those_of_one_tower_for_any_number_of_towers(
 
 
 @pytest.mark.parametrize(
-    "num_towers, num_stages, schedule, cuts, pieces",
+    "num_towers, num_stages, schedule, cuts, remat, pieces",
     [
-        (4, 4, "1f1b", (), ["embedding", "block_0", "block_1", "head"]),
-        (4, 2, "gpipe", ("block_1",), ["embedding..block_1", "head"]),  # by bytes: after block_0
+        (4, 4, "1f1b", (), False, ["embedding", "block_0", "block_1", "head"]),
+        (4, 2, "gpipe", ("block_1",), False, ["embedding..block_1", "head"]),  # by bytes: after block_0
+        (4, 4, "1f1b", (), True, ["embedding", "block_0", "block_1", "head"]),
     ],
 )
 def test_through_pipeline_stages_the_weights_are_those_of_one_tower(
-    make_config, paragraphs, reference, tmp_path, num_towers, num_stages, schedule, cuts, pieces
+    make_config, paragraphs, reference, tmp_path, num_towers, num_stages, schedule, cuts, remat, pieces
 ):
     """The embedding, the two blocks and the head on 4 stages (1 pipeline), or 2 pipelines of 2 stages cut where
-    --pipeline_cuts says: the same bits as one tower without stages (docs/pipelines.md)."""
+    --pipeline_cuts says: the same bits as one tower without stages (docs/pipelines.md); with --pipeline_remat
+    too (stages 0-2 recompute their forward in their backward)."""
     from trainer.loop.run import train
 
     config = _config(make_config, paragraphs, tmp_path, f"s{num_stages}", num_towers)
     towers = dataclasses.replace(
-        config.towers, pipeline_stages=num_stages, pipeline_schedule=schedule, pipeline_cuts=cuts
+        config.towers,
+        pipeline_stages=num_stages,
+        pipeline_schedule=schedule,
+        pipeline_cuts=cuts,
+        pipeline_remat=remat,
     )
     result = train(dataclasses.replace(config, towers=towers))
+    assert result["pipeline"]["recomputing_stages"] == ([0, 1, 2] if remat else [])
     assert result["weights_sha256"] == reference["weights_sha256"]
     assert result["train_loss"] == reference["train_loss"]
     assert result["pipeline"]["stage_pieces"] == pieces
@@ -246,20 +253,22 @@ def test_run_json_records_the_text_the_model_learned(paragraphs, reference):
     assert run["towers.loss_reduction"] == "weighted_sum"
 
 
-def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_on_four_stages(
+def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_on_four_stages_with_remat(
     make_config, paragraphs, tmp_path
 ):
-    """--device_memory_mb=10: a language model of width 128 and 4 blocks (Adam: weights, gradients and two slots,
+    """--device_memory_mb=7: a language model of width 128 and 4 blocks (Adam: weights, gradients and two slots,
     12.5 MiB) is refused before its first step on one device, naming what it needs; cut into 4 stages each
-    device holds a quarter of the state and its stage's activations, and the run builds."""
+    device holds a quarter of the state, but 1f1b's first stage keeps 4 micro-batches of its activations (8.3
+    MiB), refused too. With --pipeline_remat it keeps only their inputs, recomputes one micro-batch's
+    activations in its backward, and the run builds and trains."""
     from trainer.loop.build import build
     from trainer.step import stepmemory
 
-    def config(num_stages):
-        base = _config(make_config, paragraphs, tmp_path, f"wide{num_stages}", 4)
+    def config(num_stages, remat=False):
+        base = _config(make_config, paragraphs, tmp_path, f"wide{num_stages}{remat}", 4)
         task = dataclasses.replace(base.task, layers=4, heads=4, width=128)
-        towers = dataclasses.replace(base.towers, pipeline_stages=num_stages)
-        runtime = dataclasses.replace(base.runtime, device_memory_mb=10)
+        towers = dataclasses.replace(base.towers, pipeline_stages=num_stages, pipeline_remat=remat)
+        runtime = dataclasses.replace(base.runtime, device_memory_mb=7)
         return dataclasses.replace(
             base, task=task, towers=towers, runtime=runtime, optimizer=cfg.OptimizerConfig("adam")
         )
@@ -270,12 +279,26 @@ def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_o
     assert re.match(
         r"a step needs ~18\.8 MiB on /device:CPU:0 \(variables, slots and gradients 12\.5 MiB \+ 1 micro-batch", message
     )
-    assert "more than --device_memory_mb=10; cut the model over more devices (--pipeline_stages)" in message
-    trainer = build(config(4))
+    assert "more than --device_memory_mb=7; cut the model over more devices (--pipeline_stages)" in message
+    with pytest.raises(cfg.ConfigError) as staged:
+        build(config(4))
+    kept_mib = re.match(
+        r"a step needs ~8\.3 MiB on /device:CPU:0 \(.* \+ 4 micro-batch\(es\) x (\d\.\d) MiB", str(staged.value)
+    )
+    assert kept_mib, str(staged.value)
+    trainer = build(config(4, remat=True))
     try:
         needs = stepmemory.needs(trainer.updater, trainer.optimizer, 33)
-        assert max(n.total for n in needs) <= 10 << 20
+        assert max(n.total for n in needs) <= 7 << 20
         assert [n.in_flight for n in needs] == [4, 3, 2, 1]  # 1f1b, K = 4
+        # What a recomputing stage keeps per micro-batch is its inputs, read off the graph: 2 sequences of
+        # 33 int32 ids and 2 int32 lengths into the embedding; x (2 x 33 x 128 float32) and the attention
+        # mask (2 x 33 x 33 bool) into a block. The last stage keeps its tape: its activations, 1 in flight.
+        inputs = [2 * 33 * 4 + 2 * 4] + [2 * 33 * 128 * 4 + 2 * 33 * 33] * 2
+        assert [n.kept for n in needs[:3]] == inputs
+        assert all(n.recomputed > 0 for n in needs[:3]) and needs[3].recomputed == 0
+        assert needs[0].recomputed / 2**20 == pytest.approx(float(kept_mib[1]), abs=0.05)  # what no remat kept
+        assert needs[0].total == needs[0].state + 4 * inputs[0] + needs[0].recomputed
         assert np.isfinite(trainer.updater.train_steps(1).loss)  # and it trains
         assert sum(n.state for n in needs) == pytest.approx(
             float(re.search(r"gradients (\d+\.\d) MiB", message)[1]) * 2**20, rel=0.01

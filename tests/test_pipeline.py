@@ -138,7 +138,7 @@ def test_settings_a_pipeline_cannot_take_are_refused(towers, message):
     assert message in str(raised.value)
 
 
-def _config(model_dir, num_towers, num_stages, schedule="1f1b") -> cfg.RunConfig:
+def _config(model_dir, num_towers, num_stages, schedule="1f1b", remat=False) -> cfg.RunConfig:
     """The cnn (BatchNorm, two Dropouts) on the digits, K = 8, 6 steps, on logical CPU devices."""
     towers = cfg.TowerConfig(
         num_towers=num_towers,
@@ -148,6 +148,7 @@ def _config(model_dir, num_towers, num_stages, schedule="1f1b") -> cfg.RunConfig
         micro_batches=K,
         pipeline_stages=num_stages,
         pipeline_schedule=schedule,
+        pipeline_remat=remat,
     )
     loop = cfg.LoopConfig(
         model_dir=str(model_dir),
@@ -169,15 +170,26 @@ def data_parallel(tmp_path_factory):
     return train(_config(tmp_path_factory.mktemp("pipeline") / "reference", 4, 1))
 
 
-@pytest.mark.parametrize("num_towers, num_stages, schedule", [(4, 2, "1f1b"), (4, 4, "gpipe"), (2, 2, "gpipe")])
+@pytest.mark.parametrize(
+    "num_towers, num_stages, schedule, remat",
+    [(4, 2, "1f1b", False), (4, 4, "gpipe", False), (2, 2, "gpipe", False)]
+    + [(4, 2, "1f1b", True), (4, 4, "gpipe", True)],
+)
 def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
-    tmp_path, data_parallel, num_towers, num_stages, schedule
+    tmp_path, data_parallel, num_towers, num_stages, schedule, remat
 ):
+    """Also with --pipeline_remat: the forward run again in the backward draws the same Dropout masks and
+    BatchNorm statistics (2x2 1f1b recomputes stage 0 only, 1x4 gpipe every stage)."""
     from trainer.loop.run import train
 
-    result = train(_config(tmp_path / "piped", num_towers, num_stages, schedule))
+    result = train(_config(tmp_path / "piped", num_towers, num_stages, schedule, remat))
     assert result["weights_sha256"] == data_parallel["weights_sha256"]
     assert result["train_loss"] == data_parallel["train_loss"]
+    if num_towers == 4:  # eval through the stages: its 4 parts are the 4 towers' parts, each the same outputs
+        assert (result["eval_loss"], result["eval_accuracy"]) == (
+            data_parallel["eval_loss"],
+            data_parallel["eval_accuracy"],
+        )
     pipeline = result["pipeline"]
     assert (pipeline["stages"], pipeline["pipelines"], pipeline["schedule"]) == (
         num_stages, num_towers // num_stages, schedule
@@ -186,6 +198,9 @@ def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
     m = K // pipeline["pipelines"]
     assert pipeline["bubble_expected"] == pytest.approx((num_stages - 1) / (m + num_stages - 1))
     assert 0.0 <= pipeline["bubble_measured"] < 1.0
+    assert pipeline["remat"] is remat
+    recomputing = [s for s in range(num_stages) if remat and (schedule == "gpipe" or s < num_stages - 1)]
+    assert pipeline["recomputing_stages"] == recomputing
     assert result["parameter_devices"] == [f"/job:localhost/replica:0/task:0/device:CPU:{s}" for s in range(num_stages)]
 
 
@@ -218,6 +233,71 @@ def test_the_traced_step_runs_each_stage_in_the_schedules_order(tmp_path, schedu
         expected = min(num_stages - stage, K) if schedule == "1f1b" else K
         assert schedules.in_flight(read) == expected
     trainer.updater.close()
+
+
+def test_with_remat_a_stage_recomputes_its_forward_inside_its_backward_event(tmp_path):
+    """1f1b at S = 4: stages 0-2 hold more than one micro-batch, so their forward events run without a tape and
+    their backward events run the forward again (every Conv2D, MatMul and batch norm of the forward, under
+    "<event>/recompute") and differentiate that; the recomputed ops wait (data or control, transitively) on the
+    device's previous event. The last stage (one micro-batch in flight) keeps its tape."""
+    from trainer.loop.build import build
+
+    num_stages = 4
+    trainer = build(_config(tmp_path / "remat", 4, num_stages, "1f1b", remat=True))
+    graph = trainer.updater.step_graph()
+    trainer.updater.close()
+    ops = graph.get_operations()
+    controlled = {}
+    for op in ops:
+        for control in op.control_inputs:
+            controlled.setdefault(control, []).append(op)
+    compute = ("Conv2D", "MatMul", "FusedBatchNormV3")
+    for stage, events in enumerate(schedules.one_f_one_b(num_stages, K)):
+        for index, (kind, j) in enumerate(events):
+            if kind == "F":
+                continue
+            forward, backward = f"pipeline0_stage{stage}_F{j}/", f"pipeline0_stage{stage}_B{j}/"
+            taped = [op for op in ops if op.name.startswith(f"gradient_tape/{forward}")]
+            recomputed = [op for op in ops if op.name.startswith(f"{backward}recompute/")]
+            ran = sorted(op.type for op in ops if op.name.startswith(forward) and op.type in compute)
+            assert ran, forward
+            if stage == num_stages - 1:
+                assert taped and not recomputed
+                continue
+            assert not taped
+            assert sorted(op.type for op in recomputed if op.type in compute) == ran
+            if j == 0:  # the first backward (the walk is slow in Python): after the device's previous event
+                kind_before, j_before = events[index - 1]
+                done = graph.get_operation_by_name(f"pipeline0_stage{stage}_{kind_before}{j_before}/done")
+                assert set(recomputed) <= _after(done, controlled), stage
+
+
+def _after(op, controlled: dict) -> set:
+    """Every op that runs after `op`: its data and control consumers (`controlled`: op -> ops it is a control
+    input of), transitively."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for consumer in [c for out in current.outputs for c in out.consumers()] + controlled.get(current, []):
+            if consumer not in seen:
+                seen.add(consumer)
+                todo.append(consumer)
+    return seen
+
+
+@pytest.mark.quick
+def test_a_refusal_names_what_a_backward_recomputes():
+    from trainer.step import stepmemory
+
+    need = stepmemory.DeviceNeed("/device:CPU:0", state=3 << 20, kept=1 << 19, in_flight=4, recomputed=5 << 20)
+    assert need.total == 10 << 20
+    stepmemory.check([need], 10)  # fits
+    with pytest.raises(cfg.ConfigError) as refused:
+        stepmemory.check([need], 9)
+    assert str(refused.value).startswith(
+        "a step needs ~10.0 MiB on /device:CPU:0 (variables, slots and gradients 3.0 MiB + 4 micro-batch(es) x "
+        "0.5 MiB of kept activations + 5.0 MiB recomputed in a backward), more than --device_memory_mb=9; "
+    )
 
 
 @pytest.mark.quick
@@ -278,10 +358,19 @@ def test_the_clocks_of_a_timed_step_do_not_order_the_towers(tmp_path, num_stages
 def test_the_memory_probe_counts_every_placed_byte_and_the_kept_activations():
     """State per stage device sums to the weights, a gradient each and Adam's two slots each; each stage keeps
     activations for its backward pass, the same whatever the schedule (the schedule decides how many micro-batches,
-    not what one keeps)."""
+    not what one keeps). With remat (gpipe: both stages recompute) a stage keeps its inputs per micro-batch (4
+    images of 8 x 8 x 1; bn2's output, 4 x 8 x 8 x 64, float32) and one micro-batch's activations, exactly what
+    the stage kept without remat."""
     from benchmarks.probes import pipeline_memory
 
     one, other = (pipeline_memory.measure("classify", 2, 4, schedule) for schedule in ("1f1b", "gpipe"))
+    remat = pipeline_memory.measure("classify", 2, 4, "gpipe", remat=True)
+    assert remat["saved"] == [4 * 8 * 8 * 1 * 4, 4 * 8 * 8 * 64 * 4]
+    assert remat["recomputed"] == other["saved"] and one["recomputed"] == other["recomputed"] == [0, 0]
+    assert remat["total"] == [
+        st + 4 * kept + re for st, kept, re in zip(remat["state"], remat["saved"], other["saved"], strict=True)
+    ]
+    assert all(r < o for r, o in zip(remat["total"], other["total"], strict=True))
     from models.cnn import cnn
 
     model = cnn((8, 8, 1), 10)
@@ -314,7 +403,7 @@ def test_an_earlier_stages_regularisation_gets_the_gradient_the_whole_models_tap
                 tape.watch(reg)
                 total = loss + weight * reg
                 total = total if with_scale is None else tw.per_weight(total, weight) * with_scale
-            flow = pipeline._Flow(None, 0, [], [], [], [], [], {}, {}, with_scale, weight=weight)
+            flow = pipeline._Flow(None, 0, [], [], [], {}, {}, with_scale, weight=weight)
             assert pipeline._reg_gradient(flow).numpy() == tape.gradient(total, reg).numpy()
 
 

@@ -9,19 +9,60 @@ length counted as the context + 1), times the micro-batches the schedule keeps i
 gpipe: all m of its pipeline). One device is the sum of the S = 4 stages (the same ops), holding one
 micro-batch's activations at a time, or all K (the whole batch: nothing orders a tower's micro-batches, so
 that is what data parallelism may hold). Prints the peak per device against both, and the bound 1/S of the
-whole batch's peak plus the largest stage's excess over the mean (stages holding all K).
+whole batch's peak plus the largest stage's excess over the mean (stages holding all K). Each layout is
+measured without and with `--pipeline_remat` (a recomputing stage holds its inputs per micro-batch in flight
+and one micro-batch's activations, recomputed in its backward).
+
+`--step_time`: instead, what remat costs: the step time of S = 4 1f1b at the first K, with and without remat,
+one run of each built side by side, median over rounds of 5 steps taken in turn (wall time: the logical
+devices share the machine's cores, so the recomputed forwards add their CPU time).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
+
+CONTEXT = 64  # the language model's; a padded length is counted at CONTEXT + 1
 
 
-def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> dict:
+def measure(task: str, num_stages: int, micro_batches: int, schedule: str, remat: bool = False) -> dict:
+    from trainer.step import stepmemory
+
+    trainer = _build(task, num_stages, micro_batches, schedule, remat)
+    per_device = stepmemory.needs(trainer.updater, trainer.optimizer, CONTEXT + 1)[:num_stages]  # pipeline 0
+    trainer.updater.close()
+    return {
+        "state": [need.state for need in per_device],
+        "saved": [need.kept for need in per_device],
+        "in_flight": [need.in_flight for need in per_device],
+        "recomputed": [need.recomputed for need in per_device],
+        "total": [need.total for need in per_device],
+    }
+
+
+def step_times(task: str, micro_batches: int, rounds: int = 10) -> dict:
+    """{remat: [seconds per step of each round of 5 steps]} at S = 4, 1f1b (the first round includes the
+    retrace for 5 steps per call: take the median)."""
+    trainers = {remat: _build(task, 4, micro_batches, "1f1b", remat) for remat in (False, True)}
+    for trainer in trainers.values():
+        float(trainer.updater.train_steps(3).loss)
+    times = {False: [], True: []}
+    for _ in range(rounds):
+        for remat, trainer in trainers.items():
+            start = time.perf_counter()
+            float(trainer.updater.train_steps(5).loss)
+            times[remat].append((time.perf_counter() - start) / 5)
+    for trainer in trainers.values():
+        trainer.updater.close()
+    return times
+
+
+def _build(task: str, num_stages: int, micro_batches: int, schedule: str, remat: bool):
     from trainer.loop.build import build
     from trainer.settings import config as cfg
-    from trainer.step import stepmemory
 
     towers = cfg.TowerConfig(
         num_towers=num_stages,
@@ -31,29 +72,31 @@ def measure(task: str, num_stages: int, micro_batches: int, schedule: str) -> di
         micro_batches=micro_batches,
         pipeline_stages=num_stages,
         pipeline_schedule=schedule,
+        pipeline_remat=remat,
     )
-    loop = cfg.LoopConfig(model_dir=f"/tmp/pipeline_memory_{task}", train_steps=10, export=False)
+    loop = cfg.LoopConfig(model_dir=f"/tmp/pipeline_memory_{task}_{remat}", train_steps=1000, export=False)
     model = cfg.ModelConfig(name="cnn")
-    lm = cfg.TaskConfig(name=task, layers=4, heads=4, width=128, context=64)
+    lm = cfg.TaskConfig(name=task, layers=4, heads=4, width=128, context=CONTEXT)
     config = cfg.RunConfig(towers=towers, loop=loop, model=model, task=lm, optimizer=cfg.OptimizerConfig(name="adam"))
-    trainer = build(config)
-    per_device = stepmemory.needs(trainer.updater, trainer.optimizer, lm.context + 1)[:num_stages]  # pipeline 0
-    trainer.updater.close()
-    return {
-        "state": [need.state for need in per_device],
-        "saved": [need.kept for need in per_device],
-        "in_flight": [need.in_flight for need in per_device],
-    }
+    return build(config)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.probes pipeline_memory")
     parser.add_argument("--task", default="classify", choices=("classify", "lm"))
     parser.add_argument("--micro_batches", default="8,16")
+    parser.add_argument("--step_time", action="store_true")
     args = parser.parse_args(argv)
     from trainer.system import devices
 
     devices.configure_logical_cpus(4)
+    if args.step_time:
+        k = int(args.micro_batches.split(",")[0])
+        times = step_times(args.task, k)
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        print(f"{args.task} S=4 1f1b K={k}: step {off:.4f} s, with remat {on:.4f} s: ratio {on / off:.3f}")
+        print(f"  rounds without {[round(t, 4) for t in times[False]]}, with {[round(t, 4) for t in times[True]]}")
+        return 0
     for k in [int(x) for x in args.micro_batches.split(",")]:
         finest = measure(args.task, 4, k, "1f1b")
         state, saved = sum(finest["state"]), sum(finest["saved"])
@@ -64,15 +107,22 @@ def main(argv: list[str]) -> int:
         )
         for num_stages in (2, 4):
             for schedule in ("1f1b", "gpipe"):
-                m = finest if (num_stages, schedule) == (4, "1f1b") else measure(args.task, num_stages, k, schedule)
-                peaks = [st + fl * sv for st, fl, sv in zip(m["state"], m["in_flight"], m["saved"], strict=True)]
-                sizes = [st + k * sv for st, sv in zip(m["state"], m["saved"], strict=True)]  # all K alive
-                bound = 1 / num_stages + (max(sizes) - sum(sizes) / num_stages) / whole_batch
-                print(
-                    f"  S={num_stages} {schedule:5s} peak per device MiB {[round(p / 2**20, 2) for p in peaks]}; "
-                    f"max {max(peaks) / one_at_a_time:.3f} of one micro-batch alive, {max(peaks) / whole_batch:.3f} "
-                    f"of all K; 1/S + largest stage's excess {bound:.3f}; in flight {m['in_flight']}"
-                )
+                for remat in (False, True):
+                    same = (num_stages, schedule, remat) == (4, "1f1b", False)
+                    m = finest if same else measure(args.task, num_stages, k, schedule, remat)
+                    sizes = [st + k * sv for st, sv in zip(m["state"], m["saved"], strict=True)]  # all K alive
+                    bound = 1 / num_stages + (max(sizes) - sum(sizes) / num_stages) / whole_batch
+                    mib = lambda values: [round(v / 2**20, 2) for v in values]  # noqa: E731
+                    what = (
+                        f"kept per micro-batch {mib(m['saved'])}, recomputed {mib(m['recomputed'])}"
+                        if remat
+                        else f"1/S + largest stage's excess {bound:.3f}"
+                    )
+                    print(
+                        f"  S={num_stages} {schedule:5s} remat={'on ' if remat else 'off'} peak per device MiB "
+                        f"{mib(m['total'])}; max {max(m['total']) / one_at_a_time:.3f} of one micro-batch alive, "
+                        f"{max(m['total']) / whole_batch:.3f} of all K; {what}; in flight {m['in_flight']}"
+                    )
     return 0
 
 

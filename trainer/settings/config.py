@@ -189,6 +189,7 @@ class Pipeline:
     stages: int = 1  # S
     schedule: str = "1f1b"
     cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (`models.stages.cut`); empty: by bytes
+    remat: bool = False  # a stage keeping several micro-batches recomputes its forward (`trainer.step.stagepass`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +208,7 @@ class TowerConfig:
     pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline)
     pipeline_schedule: str = "1f1b"
     pipeline_cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (models.stages.cut); empty: by bytes
+    pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.stagepass)
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
 
@@ -218,7 +220,7 @@ class TowerConfig:
     @property
     def pipeline(self) -> Pipeline:
         """The --pipeline_* settings as one value, what the step and the model's placement read."""
-        return Pipeline(self.pipeline_stages, self.pipeline_schedule, self.pipeline_cuts)
+        return Pipeline(self.pipeline_stages, self.pipeline_schedule, self.pipeline_cuts, self.pipeline_remat)
 
     @property
     def num_pipelines(self) -> int:

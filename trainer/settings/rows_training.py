@@ -103,6 +103,15 @@ def towers() -> list[Flag]:
             parse=lambda values: tuple(values or ()),
         ),
         Flag(
+            "pipeline_remat",
+            "towers.pipeline_remat",
+            g,
+            "With --pipeline_stages: a stage keeps only its inputs from a micro-batch's forward pass and runs "
+            "the forward again in its backward pass (rematerialisation): less activation memory for one more "
+            "forward per stage and micro-batch. Same weights bitwise.",
+            FREE,
+        ),
+        Flag(
             "xla",
             "towers.jit_compile",
             g,

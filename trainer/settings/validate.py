@@ -67,6 +67,11 @@ def _pipeline(t: cfg.TowerConfig) -> None:
         f"--pipeline_cuts names {len(cuts)} place(s) and --pipeline_stages={s} needs {s - 1}: each names the "
         "layer that ends one stage, the last stage ends with the model",
     )
+    require(
+        s > 1 or not t.pipeline_remat,
+        "--pipeline_remat needs --pipeline_stages > 1: it recomputes each stage's forward pass in its backward "
+        "pass; drop it, or cut the model into stages",
+    )
     if s == 1:
         return
     require(

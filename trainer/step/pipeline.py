@@ -3,8 +3,9 @@
 The N towers of a machine form N/S pipelines of S consecutive devices (pipeline p, stage s: tower p*S + s);
 micro-batch j runs on pipeline j*P//K, as it would on tower j*N//K without stages, on the same task. A stage
 runs its part of the model (`models.stages`) under a `keras.StatelessScope` holding its variables' values,
-inside a GradientTape of its own: the forward pass sends the activations to the next stage's device, the
-backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
+inside a GradientTape of its own (`trainer.step.stagepass`: the forward's, or with `--pipeline_remat` one the
+backward records running the forward again): the forward pass sends the activations to the next stage's device,
+the backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
 Every op is the op data parallel runs, on another device, so each micro-batch's gradients, losses and new
 BatchNorm statistics are the same bits; they go to `combine.combine`'s fixed tree as every tower's do. The
 stage's variables live on its device in the first pipeline (`trainer.loop.build`), where the tree sums their
@@ -17,12 +18,12 @@ made binding with control dependencies: each event starts after the previous eve
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-import keras
 import tensorflow as tf
 
 from models import stages as stages_lib
-from trainer.step import schedules
+from trainer.step import schedules, stagepass
 from trainer.step import towers as tw
 
 
@@ -33,10 +34,8 @@ class _Flow:
     batch: object
     task: int
     state: list  # its non-trainable values (seeds keyed on the micro-batch)
-    carried: list  # per stage: the inputs it got
-    tapes: list
-    outputs: list  # per stage: its outputs
-    reg: list  # per stage: the sum of its layers' losses (regularisation), or None
+    kept: list  # per stage: what its forward kept for its backward (`stagepass`)
+    outputs: list  # per stage: its forward's outputs
     grads: dict  # variable index -> gradient
     new_state: dict  # non-trainable index -> new value
     scale: tf.Tensor | None = None  # fp16: the loss scale (`towers.run_micro_batch`), else None
@@ -55,20 +54,29 @@ class PipelineRunner:
       stages: the model cut into S stages (`models.stages.cut`).
       schedule: a name in `trainer.step.schedules.SCHEDULES`.
       layout: the run's `trainer.step.tree.Layout` (which task holds each micro-batch).
+      remat: recompute each stage's forward in its backward instead of keeping its activations, where the
+        schedule keeps more than one micro-batch in flight (`stagepass.way_for`).
     """
 
-    def __init__(self, task, model, towers, stages, schedule: str, layout, num_micro_batches: int):
+    def __init__(self, task, model, towers, stages, schedule: str, layout, num_micro_batches: int, remat=False):
         self.task, self.model, self.stages, self.layout = task, model, stages, layout
         self.num_stages, self.num_micro_batches = len(stages), num_micro_batches
         self.num_pipelines = len(towers) // self.num_stages
         self.towers = towers
-        self.schedule = schedule
+        self.schedule, self.remat = schedule, remat
         per_pipeline = num_micro_batches // self.num_pipelines
         self.per_stage = schedules.SCHEDULES[schedule](self.num_stages, per_pipeline)  # each stage's events
         self.order = schedules.build_order(self.per_stage)
+        self.in_flight = [schedules.in_flight(events) for events in self.per_stage]
+        self.ways = [stagepass.way_for(remat, flight) for flight in self.in_flight]
         owner = stages_lib.stage_of_variables(model, stages)
-        self._trainable = _indices_by_stage(model.trainable_variables, owner, self.num_stages)
-        self._non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
+        trainable = _indices_by_stage(model.trainable_variables, owner, self.num_stages)
+        non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
+        last = self.num_stages - 1
+        self.calls = [
+            stagepass.StageCall(task, model, stage, stage.index == last, trainable[s], non_trainable[s])
+            for s, stage in enumerate(stages)
+        ]
         self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
 
     @property
@@ -90,6 +98,8 @@ class PipelineRunner:
                 "stages": self.num_stages,
                 "pipelines": self.num_pipelines,
                 "schedule": self.schedule,
+                "remat": self.remat,
+                "recomputing_stages": [s for s, way in enumerate(self.ways) if way.recomputes],
                 "stage_pieces": [stage.name for stage in self.stages],
                 "stage_devices": [self.device(0, s) for s in range(self.num_stages)],
                 "bubble_expected": schedules.bubble(self.num_stages, self.num_micro_batches // self.num_pipelines),
@@ -98,16 +108,16 @@ class PipelineRunner:
             }
         }
 
-    def memory_plan(self) -> list[tuple[str, str, int]]:
-        """(device, the name scope of its first micro-batch's forward, micro-batches in flight there by the
-        schedule) per stage device, for `trainer.step.stepmemory`."""
+    def memory_plan(self) -> list:
+        """A `stepmemory.Plan` per stage device: what each micro-batch in flight there keeps (the stage's way
+        says what, read off its first micro-batch's events), and how many the schedule keeps at once."""
         per_pipeline = self.num_micro_batches // self.num_pipelines
-        flights = [schedules.in_flight(events) for events in self.per_stage]
-        return [
-            (self.device(p, s), f"pipeline{p}_stage{s}_F{p * per_pipeline}", flights[s])
-            for p in range(self.num_pipelines)
-            for s in range(self.num_stages)
-        ]
+        plans = []
+        for p in range(self.num_pipelines):
+            for s, way in enumerate(self.ways):
+                scope = f"pipeline{p}_stage{s}_{{}}{p * per_pipeline}"
+                plans.append(way.memory(self.device(p, s), scope.format("F"), scope.format("B"), self.in_flight[s]))
+        return plans
 
     def wrap_micro_batch(self, wrap) -> None:
         """A micro-batch is not one call here: the seam is the tower runner's."""
@@ -135,7 +145,7 @@ class PipelineRunner:
             task = self.layout.task_of_micro_batch(j)
             state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
             s = self.num_stages
-            flows.append(_Flow(batch, task, state, [None] * s, [None] * s, [None] * s, [None] * s, {}, {}, loss_scale))
+            flows.append(_Flow(batch, task, state, [None] * s, [None] * s, {}, {}, loss_scale))
         last_op, clock = {}, _Clock(timed, step)
         for pipeline in range(self.num_pipelines):
             for stage, (kind, local) in self.order:
@@ -159,51 +169,43 @@ class PipelineRunner:
 
     def _forward(self, stage: int, flow: _Flow, trainable: list):
         inputs = self.task.model_inputs(flow.batch) if stage == 0 else flow.outputs[stage - 1]
-        values = [trainable[i] for i in self._trainable[stage]]
-        float_inputs = [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating] if stage else []
-        mapping = [(self.model.trainable_variables[i], trainable[i]) for i in self._trainable[stage]]
-        mapping += [(self.model.non_trainable_variables[i], flow.state[i]) for i in self._non_trainable[stage]]
-        tape = tf.GradientTape(watch_accessed_variables=False)
-        with tape:
-            tape.watch(values)
-            tape.watch(float_inputs)
-            with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
-                outputs = self.stages[stage].call(inputs, training=True)
-                losses = [loss for layer in self.stages[stage].layers for loss in layer.losses]
-            reg = tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else None
-            last = stage == self.num_stages - 1
-            if last:  # the task's loss, as `towers.run_micro_batch` computes it on the whole model's outputs
-                predictions = tf.nest.map_structure(tw.float32, outputs)
-                flow.loss, flow.weight = tw.weighted_sums(self.task, predictions, flow.batch)
-                outputs = flow.loss + flow.weight * reg if reg is not None else flow.loss
-                if flow.scale is not None:  # fp16: the mean, scaled, as `towers.run_micro_batch` differentiates
-                    outputs = tw.per_weight(outputs, flow.weight) * flow.scale
-                reg = None
-        for i in self._non_trainable[stage]:
-            flow.new_state[i] = scope.get_current_value(self.model.non_trainable_variables[i])
-        if last:
-            flow.metrics = tw.task_metrics(self.task, predictions, flow.batch)
-        flow.carried[stage], flow.tapes[stage], flow.outputs[stage], flow.reg[stage] = inputs, tape, outputs, reg
-        return tf.nest.flatten(outputs) + [flow.new_state[i] for i in self._non_trainable[stage]]
+        run, sources = self._bind(stage, flow, trainable)
+        result, flow.kept[stage] = self.ways[stage].forward(run, sources, inputs)
+        call = self.calls[stage]
+        for i, value in zip(call.non_trainable, result.new_state, strict=True):
+            flow.new_state[i] = value
+        if call.last:
+            flow.loss, flow.weight = result.loss, result.weight
+            flow.metrics = tw.task_metrics(self.task, result.predictions, flow.batch)
+        flow.outputs[stage] = result.outputs
+        return tf.nest.flatten(result.outputs) + result.new_state
 
     def _backward(self, stage: int, flow: _Flow, trainable: list):
-        values = [trainable[i] for i in self._trainable[stage]]
-        float_inputs = [x for x in tf.nest.flatten(flow.carried[stage]) if x.dtype.is_floating] if stage else []
-        if stage == self.num_stages - 1:
-            targets, upstream = [flow.outputs[stage]], None
+        run, sources = self._bind(stage, flow, trainable)
+        tape, result, inputs = self.ways[stage].backward(run, sources, flow.kept[stage])
+        if self.calls[stage].last:
+            targets, upstream = [result.outputs], None
         else:
-            leaves = [x for x in tf.nest.flatten(flow.outputs[stage]) if x.dtype.is_floating]
+            leaves = [x for x in tf.nest.flatten(result.outputs) if x.dtype.is_floating]
             pairs = [(x, g) for x, g in zip(leaves, flow.upstream, strict=True) if g is not None]
-            if flow.reg[stage] is not None:
-                pairs.append((flow.reg[stage], _reg_gradient(flow)))
+            if result.reg is not None:
+                pairs.append((result.reg, _reg_gradient(flow)))
             targets, upstream = [x for x, _ in pairs], [g for _, g in pairs]
-        grads = flow.tapes[stage].gradient(targets, values + float_inputs, output_gradients=upstream)
-        flow.tapes[stage] = flow.outputs[stage] = flow.carried[stage] = None  # activations may go
+        grads = tape.gradient(targets, sources(inputs), output_gradients=upstream)
+        flow.kept[stage] = flow.outputs[stage] = None  # activations may go
         dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        for i, g in zip(self._trainable[stage], dense[: len(values)], strict=True):
+        trainable_indices = self.calls[stage].trainable
+        for i, g in zip(trainable_indices, dense[: len(trainable_indices)], strict=True):
             flow.grads[i] = g if flow.scale is None else g * tf.cast(flow.weight, g.dtype)  # as a tower's
-        flow.upstream = dense[len(values) :]
+        flow.upstream = dense[len(trainable_indices) :]
         return [g for g in dense if g is not None]
+
+    def _bind(self, stage: int, flow: _Flow, trainable: list):
+        """(inputs -> the stage's `stagepass.Pass` on this micro-batch, inputs -> what it differentiates against)."""
+        call = self.calls[stage]
+        values = [trainable[i] for i in call.trainable]
+        run = functools.partial(call.run, batch=flow.batch, values=values, state=flow.state, scale=flow.scale)
+        return run, functools.partial(call.sources, values)
 
     def _result(self, flow: _Flow) -> tw.MicroBatchResult:
         grads = [flow.grads[i] for i in range(len(self.model.trainable_variables))]

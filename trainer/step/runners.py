@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from models import stages
 from trainer.settings.config import Pipeline
-from trainer.step import pipeline
+from trainer.step import pipeline, stepmemory
 from trainer.step import towers as tw
 from trainer.system.devices import tower_of_micro_batch
 
@@ -52,11 +52,14 @@ class TowerRunner:
         """What `metrics.json` adds for this runner: nothing."""
         return {}
 
-    def memory_plan(self) -> list[tuple[str, str, int]]:
-        """(device, the name scope of one of its micro-batches, micro-batches alive there at once) per tower,
-        for `trainer.step.stepmemory`: a tower's micro-batches are not ordered, so all of them."""
+    def memory_plan(self) -> list[stepmemory.Plan]:
+        """Per tower, for `trainer.step.stepmemory`: what one of its micro-batches' gradient ops read from its
+        forward, times the micro-batches alive there at once (not ordered on a tower, so all of them)."""
         per_tower = self.num_micro_batches // len(self.towers)
-        return [(device, f"micro_batch{t * per_tower}", per_tower) for t, device in enumerate(self.towers)]
+        return [
+            stepmemory.Plan(device, per_tower, stepmemory.Held.by_gradient(f"micro_batch{t * per_tower}"))
+            for t, device in enumerate(self.towers)
+        ]
 
 
 def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, plan: Pipeline):
@@ -64,7 +67,7 @@ def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile
     if plan.stages == 1:
         return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
     cut = stages.cut(model, plan.stages, plan.cuts)
-    return pipeline.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches)
+    return pipeline.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches, plan.remat)
 
 
 def inference(model, towers, plan: Pipeline):
