@@ -60,12 +60,12 @@ def step_times(task: str, micro_batches: int, rounds: int = 10) -> dict:
     return times
 
 
-def _build(task: str, num_stages: int, micro_batches: int, schedule: str, remat: bool):
+def _build(task: str, num_stages: int, micro_batches: int, schedule: str, remat: bool, num_towers: int = 0):
     from trainer.loop.build import build
     from trainer.settings import config as cfg
 
     towers = cfg.TowerConfig(
-        num_towers=num_stages,
+        num_towers=num_towers or num_stages,
         device="cpu",
         parameter_device="cpu",
         global_batch_size=4 * micro_batches,
@@ -81,15 +81,35 @@ def _build(task: str, num_stages: int, micro_batches: int, schedule: str, remat:
     return build(config)
 
 
+def paper(task: str, per_pipeline: int) -> None:
+    """The paper model's layout: 8 devices as 2 pipelines of 4 stages, `per_pipeline` micro-batches each: what
+    every device needs (pipeline 1's devices hold no variables: they read pipeline 0's), with and without remat."""
+    from trainer.step import stepmemory
+
+    for schedule in ("1f1b", "gpipe"):
+        for remat in (False, True):
+            trainer = _build(task, 4, 2 * per_pipeline, schedule, remat, num_towers=8)
+            needs = stepmemory.needs(trainer.updater, trainer.optimizer, CONTEXT + 1)
+            trainer.updater.close()
+            print(
+                f"{task} 2 pipelines x 4 stages, K={2 * per_pipeline} ({per_pipeline} per pipeline), {schedule:5s} "
+                f"remat={'on ' if remat else 'off'}: MiB per device {[round(n.total / 2**20, 2) for n in needs]}"
+            )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.probes pipeline_memory")
     parser.add_argument("--task", default="classify", choices=("classify", "lm"))
     parser.add_argument("--micro_batches", default="8,16")
     parser.add_argument("--step_time", action="store_true")
+    parser.add_argument("--paper", action="store_true", help="8 devices: 2 pipelines x 4 stages, 32 micro-batches each")
     args = parser.parse_args(argv)
     from trainer.system import devices
 
-    devices.configure_logical_cpus(4)
+    devices.configure_logical_cpus(8 if args.paper else 4)
+    if args.paper:
+        paper(args.task, 32)
+        return 0
     if args.step_time:
         k = int(args.micro_batches.split(",")[0])
         times = step_times(args.task, k)
