@@ -102,9 +102,10 @@ def test_help_lists_our_flags_by_topic(arg):
     out = _run(arg).stdout
     assert out.startswith("usage: python -m trainer")
     headings = [line.split(":")[0] for line in out.splitlines()[1:] if re.match(r"^\w[\w ]*: ", line)]
-    expected = ["towers", "data", "augmentation", "task", "model", "optimizer", "loop and outputs", "resume"]
-    assert headings[:10] == [*expected, "cluster", "runtime"]
-    towers = out[out.index("\ntowers:") : out.index("\ndata:")]
+    expected = ["towers", "pipeline", "data", "augmentation", "task", "model", "optimizer", "loop and outputs"]
+    assert headings[:11] == [*expected, "resume", "cluster", "runtime"]
+    towers = out[out.index("\ntowers:") : out.index("\npipeline:")]
+    assert "--[no]pipeline_remat  (default: false)" in out[out.index("\npipeline:") : out.index("\ndata:")]
     optimizer = out[out.index("\noptimizer:") : out.index("\nloop and outputs:")]
     assert "--num_gpus=INT  (default: 1)" in towers and "--learning_rate=FLOAT  (default: 0.05)" in optimizer
     assert "--logtostderr" not in out and "--[no]export  (default: true)" in out

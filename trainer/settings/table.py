@@ -11,12 +11,13 @@ here and one field in `trainer.settings.config`.
 from __future__ import annotations
 
 from trainer.settings import config as cfg
-from trainer.settings import rows_running, rows_task, rows_training
+from trainer.settings import rows_pipeline, rows_running, rows_task, rows_training
 from trainer.settings.flag import FREE, Flag
 
 # `--help` heading -> the one-line description printed with it, in `--help` order.
 GROUPS = {
     "towers": "devices, batch split, update mode, precision, reproducibility",
+    "pipeline": "a model too large for one device, cut into stages",
     "data": "training and eval records",
     "augmentation": "what training images look like, and the decoded-record cache",
     "task": "the workload: classification, the language model, or your own tasks.Task",
@@ -31,6 +32,7 @@ GROUPS = {
 
 FLAGS: tuple[Flag, ...] = (
     *rows_training.towers(),
+    *rows_pipeline.pipeline(),
     *rows_training.data_(),
     *rows_training.augmentation(),
     *rows_task.task(),
