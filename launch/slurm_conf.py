@@ -16,11 +16,6 @@ DEFAULT_PORTS = (6817, 6818)  # SlurmctldPort, SlurmdPort
 CRED_EXPIRE_SEC = 5
 # The main scheduling loop (default every 60 s) is what starts a requeued job once it is eligible again.
 SCHEDULER = "sched_interval=1,bf_interval=1"
-# SIGTERM -> SIGKILL of a cancelled or requeued job's steps (default 30 s). Our jobs' tasks checkpoint and exit
-# within 1-3 s of SIGTERM; what waits out the whole of it is a step that cannot end by itself (a frozen task, a
-# node's slurmstepd retrying a message across a cut link): each lost-task requeue of the two-node tests waited
-# 30 s for it before the job could requeue. 10 s keeps 3x the trainer's need.
-KILL_WAIT_SEC = 10
 SLURM_CONF = """\
 # Written by {writer}; rewritten (and the daemons restarted) when it changes.
 ClusterName={cluster}
@@ -37,7 +32,7 @@ SelectTypeParameters=CR_Core
 SchedulerParameters={sched}
 ReturnToService=2
 JobRequeue=1
-KillWait={kill_wait}
+KillWait=30
 MinJobAge=3600
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
@@ -115,7 +110,6 @@ def render(
         "slurmd_port": site.ports[1],
         "auth_info": "" if cred_expire_sec is None else f"AuthInfo=cred_expire={cred_expire_sec}\n",
         "sched": SCHEDULER,
-        "kill_wait": KILL_WAIT_SEC,
         "nodes": node_lines,
     }
     v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()  # the unified hierarchy; v1 mounts one dir per controller

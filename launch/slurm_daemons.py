@@ -221,7 +221,7 @@ def stop(site: Site) -> None:
     jobs = lambda: run(["squeue", "-h", "-o", "%i"], env=site.env, check=False).split()
     if jobs():
         run(["scancel", *jobs()], env=site.env, check=False)
-        with contextlib.suppress(SlurmUnavailable):  # after 45 s (KillWait is 10 s), shut down anyway
+        with contextlib.suppress(SlurmUnavailable):  # after 45 s (KillWait=30 s), shut down anyway
             wait("jobs gone", lambda: not jobs(), timeout_sec=45)
     run(["scontrol", "shutdown"], env=site.env, check=False)
     stopped = lambda: not any(running(site).values())
