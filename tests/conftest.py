@@ -6,6 +6,7 @@ when pytest loads this file, before any test module runs an op.
 """
 
 import dataclasses
+import gc
 import os
 import signal
 
@@ -45,6 +46,16 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
                 item.add_marker(pytest.mark.ungrouped)
     return result
+
+
+def pytest_collection_finish(session):
+    """Moves every object alive once the test modules are imported (TensorFlow's, Keras's, the trainer's:
+    ~370 000) out of the garbage collector's reach for the session: each full collection walked them all,
+    0.6 s on an idle core and 1-2 s beside other work, and a session runs hundreds of them (test_training.py
+    alone: 7 full collections, 9.1 s; frozen: 14, 3.4 s). What is frozen is module state that lives to the
+    end anyway; garbage made from here on is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_runtest_setup(item):

@@ -192,8 +192,9 @@ TASK_FLAGS = [
     "--cluster_timeout_sec=120",
 ]
 SHORT_STEPS = 12
-# ~25-40 ms per step across two tasks on 2 cores: long enough to requeue the job mid-run.
-LONG_STEPS = 1500
+# ~25-40 ms per step across two tasks on 2 cores: the requeue comes at step 80, 520 steps (13-20 s) before the
+# end, long enough for the SIGTERM to land mid-run (1500 steps did the same in 40 s more of the job and reference).
+LONG_STEPS = 600
 
 
 def _task_flags(steps: int, *extra: str) -> list[str]:
