@@ -51,10 +51,12 @@ class EndedJob:
 
 @pytest.fixture(scope="module")
 def short_outage_job(node_slurm, tmp_path_factory, one_process_sha256) -> EndedJob:
-    """One job for two tests: `--nodes=2`, tfn2's link down for 10 s mid-run (--peer_timeout_sec is 60)."""
+    """One job for two tests: `--nodes=2`, tfn2's link down for 10 s mid-run (--peer_timeout_sec is 60), the
+    model cut into 2 pipeline stages on each node's two devices (a pipeline per node, data parallel between
+    them: docs/pipelines.md), which trains the weights of one process without stages."""
     slurm = node_slurm(2)
     model_dir = tmp_path_factory.mktemp("two-nodes") / "run"
-    job_id = _submit_and_cut(slurm, model_dir, 10.0)
+    job_id = _submit_and_cut(slurm, model_dir, 10.0, "--pipeline_stages=2")
     info = slurm.wait_for_state(job_id, DONE, timeout_sec=240)
     return EndedJob(job_id, info, log_of(model_dir, job_id), metrics(model_dir))
 
@@ -71,6 +73,12 @@ def test_a_job_on_two_nodes_completes_with_the_weights_of_one_process(short_outa
     assert f"the chief at tfn1:{port} ended the run with exit code 0; exiting with it" in log
     assert not _tensorflow_warnings(log), log[-3000:]  # the harmless ones kept out (trainer.system.console)
     assert (result["num_tasks"], result["num_towers"], result["towers_per_task"]) == (2, 4, 2)
+    pipeline = result["pipeline"]  # stages within a node, pipelines across the nodes
+    assert (pipeline["stages"], pipeline["pipelines"], pipeline["stage_pieces"]) == (
+        2,
+        2,
+        ["conv1..flatten", "dense1..logits"],
+    )
     assert result["global_step"] == STEPS
     assert result["weights_sha256"] == one_process_sha256
 
