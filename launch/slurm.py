@@ -118,7 +118,12 @@ def _trainer_flags(trainer_args: list[str], num_tasks: int = 1):
     from trainer.settings import config as cfg  # noqa: PLC0415
     from trainer.settings import flags as trainer_flags  # noqa: PLC0415
     from trainer.step import modes  # noqa: PLC0415
+    from trainer.system import packages  # noqa: PLC0415
 
+    try:  # the job starts in this directory: a models.py here would stop it there, after the queue
+        packages.claim()
+    except packages.ShadowedPackage as e:
+        raise sbatch.SpecError(str(e)) from e
     trainer_flags.define_flags()  # on absl's global FLAGS, as `python -m trainer` does (idempotent)
     values = flags.FLAGS
     values.unparse_flags()  # forget an earlier parse in this process (tests call main() repeatedly)

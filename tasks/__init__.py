@@ -1,14 +1,20 @@
 """Workloads: the `Task` interface (`tasks.base`) and the built-in tasks.
 
 `make_task(config)` turns `--task` into a task object: a built-in name (`BUILT_IN`) or
-"package.module:Class", a subclass of `Task` constructed with the run's settings.
+"package.module:Class", a subclass of `Task` constructed with the run's settings. `check_name` checks the
+name without importing the task, so that `python -m trainer` refuses a bad one before TensorFlow is imported:
+`Task` (`tasks.base`, which imports TensorFlow) loads on first use (PEP 562).
 """
 
 from __future__ import annotations
 
+import importlib.util
+from typing import TYPE_CHECKING
+
 from data.schema import Feature
-from models.registry import import_named
-from tasks.base import Task
+
+if TYPE_CHECKING:
+    from tasks.base import Task
 
 # Built-in task name -> "module:Class"; imported on first use (the language model pulls in more of Keras).
 BUILT_IN = {"classify": "tasks.classify:Classify", "lm": "tasks.lm:LanguageModel"}
@@ -20,6 +26,31 @@ class TaskError(ValueError):
     """A task that cannot be found, imported or made; the message names it and says what to change."""
 
 
+def __getattr__(name: str):
+    if name == "Task":
+        from tasks.base import Task  # noqa: PLC0415 (TensorFlow: on first use)
+
+        globals()["Task"] = Task
+        return Task
+    raise AttributeError(f"module 'tasks' has no attribute '{name}'")
+
+
+def check_name(spec: str) -> None:
+    """Checks a `--task` value without importing the task: a built-in name, or "package.module:Class" whose
+    module can be found (finding a submodule imports its parent packages, nothing else).
+
+    Raises:
+      TaskError: naming the value and what is wrong, as `make_task` would.
+    """
+    module = _path(spec).partition(":")[0]
+    try:
+        problem = "" if importlib.util.find_spec(module) else f"No module named {module!r}"
+    except ImportError as e:  # a parent package that is missing, or not a package
+        problem = str(e)
+    if problem:
+        raise TaskError(f"--task={spec!r}: cannot import module {module!r}: {problem}")
+
+
 def make_task(config) -> Task:
     """The run's task, from `config.task.name` (see module doc), constructed with `config`.
 
@@ -27,20 +58,29 @@ def make_task(config) -> Task:
       TaskError: an unknown built-in, a module that does not import, a missing attribute, or an attribute
         that is not a `Task` subclass.
     """
+    from tasks.base import Task  # noqa: PLC0415
+
     spec = config.task.name
-    path = BUILT_IN.get(spec, spec)
-    if ":" not in path:
-        raise TaskError(
-            f"--task={spec!r}: unknown task; built-in tasks are {', '.join(sorted(BUILT_IN))}, or name your own "
-            "as 'package.module:Class'"
-        )
+    path = _path(spec)
     cls = _load(spec, path)
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise TaskError(f"--task={spec!r}: {path.partition(':')[2]!r} is not a subclass of tasks.Task")
     return cls(config)
 
 
+def _path(spec: str) -> str:
+    path = BUILT_IN.get(spec, spec)
+    if ":" not in path:
+        raise TaskError(
+            f"--task={spec!r}: unknown task; built-in tasks are {', '.join(sorted(BUILT_IN))}, or name your own "
+            "as 'package.module:Class'"
+        )
+    return path
+
+
 def _load(spec: str, path: str):
+    from models.registry import import_named  # noqa: PLC0415 (the models package imports Keras)
+
     try:
         return import_named(path, "package.module:Class")[1]
     except LookupError as e:

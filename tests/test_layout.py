@@ -34,7 +34,7 @@ FORBIDDEN = {
 }
 # launch/ runs before and around the trainer, without TensorFlow: what it may borrow from trainer/.
 # launch/slurm.py checks the trainer's flags before submitting, as `python -m trainer` settles them.
-LAUNCH_MAY_IMPORT = {"launch/slurm.py": ("trainer.settings", "trainer.step.modes")}
+LAUNCH_MAY_IMPORT = {"launch/slurm.py": ("trainer.settings", "trainer.step.modes", "trainer.system.packages")}
 TENSORFLOW = ("tensorflow", "keras", "tf_keras")
 
 

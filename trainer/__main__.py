@@ -13,9 +13,14 @@ from __future__ import annotations
 import os
 import sys
 
-from trainer.system import stop
+from trainer.system import packages, stop
 
 stop.REQUEST.install()  # a SIGTERM while TensorFlow imports must still end the run cleanly
+try:  # before any other package of towerflow's is imported: a user's models.py must not stand in for ours
+    packages.claim()
+except packages.ShadowedPackage as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(stop.EXIT_USAGE)
 
 import dataclasses  # noqa: E402
 

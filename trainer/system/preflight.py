@@ -1,7 +1,8 @@
 """What a run needs of the machine, checked before TensorFlow is imported (seconds), so that bad input fails at
-once with one line naming the culprit (exit 2): a `--model_dir` that cannot be written, data globs that match
-nothing or match a directory, the digits cache's directory; with several tasks, only this task's port held by
-another process (a chief failing before it connects could not tell its workers, which would wait).
+once with one line naming the culprit (exit 2): a `--task` that names no task, a `--model_dir` that cannot be
+written, data globs that match nothing or match a directory, the digits cache's directory; with several tasks,
+only this task's port held by another process (a chief failing before it connects could not tell its
+workers, which would wait).
 
 Each check raises `ConfigError`. The later checks (`data.list_files`, the run directory's lock, the gRPC
 server) stay where they are: these only move the common failures before the slow imports. Imports no
@@ -17,6 +18,7 @@ import os
 import socket
 import tempfile
 
+import tasks as tasks_lib
 from trainer.settings.config import ConfigError, RunConfig
 
 
@@ -26,6 +28,10 @@ def check(config: RunConfig, tasks) -> None:
     Raises:
       ConfigError: naming the flag, the path or the port, and what to change.
     """
+    try:
+        tasks_lib.check_name(config.task.name)
+    except tasks_lib.TaskError as e:
+        raise ConfigError(str(e)) from None
     if tasks.num_tasks > 1:  # the rest fails later on the chief, once connected, so its workers hear of it
         port_free(tasks)
         return
