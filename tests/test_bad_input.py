@@ -8,6 +8,7 @@ command line in a subprocess. {tmp} is a directory of prepared files, {held} a p
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -100,6 +101,8 @@ ROWS = [
     ("normalize", ["--normalize=bogus"], {}, "error: --normalize ('bogus') must be"),
     ("grappler", ["--grappler=nonsense=on"], {}, "error: --grappler: unknown option 'nonsense'"),
     ("eval-alone", ["--eval_data=x"], {}, "error: --eval_data needs --train_data"),
+    ("task", ["--task=nonsense"], {}, "error: --task='nonsense': unknown task; built-in tasks are classify, lm"),
+    ("task-module", ["--task=nosuch.mod:X"], {}, "error: --task='nosuch.mod:X': cannot import module 'nosuch.mod'"),
     ("classes", ["--train_data=x", "--eval_data=x"], {}, "error: --num_classes (0) must be given"),
     # flag files
     ("ff-missing", ["--flagfile={tmp}/missing.txt"], {}, "error: --flagfile={tmp}/missing.txt: cannot read it"),
@@ -200,6 +203,20 @@ def test_bad_input_exits_2_at_once_with_one_line(places, tmp_path, args, env, fi
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(_filled(first_line, places)), result.stderr
     assert not os.path.exists(f"{tmp_path}/run/checkpoints")
+
+
+def test_the_readmes_examples_are_rows_of_the_table():
+    """README.md's bad-input examples are what this table checks: each invocation is a row's first argument
+    (with /x standing for the row's prepared directory and /ro for the read-only one), its stderr that row's
+    line."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        examples = re.findall(r"^\| `(--[^`]*)`[^|]*\| `(error: [^`]*)` \|$", f.read(), re.MULTILINE)
+    assert len(examples) >= 5, examples
+    shown = {"tmp": "/x", "ro": "/ro"}
+    rows = {_filled(row[1][0], shown): _filled(row[3], shown) for row in ROWS if row[1]}
+    for invocation, line in examples:
+        expected = rows.get(invocation.replace("'", ""))
+        assert expected is not None and line.startswith(expected), (invocation, line, expected)
 
 
 def test_the_table_is_documented():
