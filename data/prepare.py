@@ -9,7 +9,9 @@
 Each writes OUT_DIR/train-*-of-*, OUT_DIR/eval-*-of-* and OUT_DIR/info.json (counts, shape, num_classes,
 schema kind; `text` writes vocab.json instead, see data/text.py), and prints the two globs to pass as
 --train_data and --eval_data. Arguments are checked before TensorFlow is imported, so a typo fails in
-milliseconds with exit code 2.
+milliseconds with exit code 2. TensorFlow's C++ log lines are kept off stderr as `python -m trainer` keeps
+them (`data.native_log`: TF_CPP_MIN_LOG_LEVEL=3 unless the environment sets it; TF_CPP_MIN_LOG_LEVEL=0 shows
+them all).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import sys
 
+from data import native_log
 from data.schema import DataError
 
 
@@ -140,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "synthetic":
         _check_synthetic(args, parser)
     try:
+        if args.command == "text":
+            _check_text(args)
+        with native_log.quiet_first_import(native_log.QUIET_LEVEL):  # as `python -m trainer` keeps it quiet
+            import tensorflow  # noqa: F401, PLC0415 (after the checks: a bad argument fails in milliseconds)
         if args.command == "digits":
             from data import digits
 
@@ -147,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "text":
             from data import text
 
-            _check_text(args)
             train_glob, eval_glob, _ = text.write_text_records(
                 args.files, args.out_dir, args.tokens, args.context, args.eval_fraction, args.documents
             )

@@ -161,3 +161,28 @@ def test_bad_arguments_fail_before_tensorflow(tmp_path):
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "missing.txt does not exist" in result.stderr
+
+
+NOISE = ("cudart_stub", "cpu_feature_guard", "oneDNN", "absl::InitializeLog")  # TensorFlow's start-up lines
+
+
+def _quiet_run(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh process with this checkout first on the path and no TF_CPP_MIN_LOG_LEVEL set."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = root
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_script_writing_records_through_data_prints_no_tensorflow_lines(tmp_path):
+    """`import data` then `data.write_feature_records`: the lazy import of TensorFlow is quiet (INFO hidden)."""
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "import data\n"
+        "schema = data.FeatureSchema.of({'x': data.Feature('int64', (4,))}, 'mine')\n"
+        "print(data.write_feature_records('out/x.tfrecord', [{'x': [1, 2, 3, 4]}] * 5, schema))\n"
+    )
+    result = _quiet_run([str(script)], tmp_path)
+    assert result.returncode == 0 and result.stdout == "5\n", result.stderr
+    assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], result.stderr
+    assert (tmp_path / "out" / "x.tfrecord").stat().st_size > 0
