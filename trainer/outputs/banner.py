@@ -85,9 +85,9 @@ def _pipeline_lines(runner: pipeline.PipelineRunner, placement, mode: str) -> li
 
 def _stage_line(runner: pipeline.PipelineRunner, stage: int) -> str:
     names = [layer.name for layer in runner.stages[stage].layers]
-    layers = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]} ({len(names)} layers)"
+    layers = f"layer {names[0]}" if len(names) == 1 else f"layers {names[0]}..{names[-1]} ({len(names)} layers)"
     variables = runner.stage_variables(stage)
-    return f"{f'stage {stage}':<10} layers {layers}, {_mb(variables)} MB of variables on {runner.device(0, stage)}"
+    return f"{f'stage {stage}':<10} {layers}, {_mb(variables)} MB of variables on {runner.device(0, stage)}"
 
 
 def _mb(variables) -> str:
