@@ -2,6 +2,11 @@
 
 The schema names import at once; the rest loads on first use (PEP 562), because importing TensorFlow takes
 seconds and `python -m data.prepare` validates its arguments before that.
+
+When that first use imports TensorFlow, its C++ start-up lines (`cudart_stub`, `cpu_feature_guard`, `oneDNN
+custom operations are on`, absl's banner) are kept off stderr: TF_CPP_MIN_LOG_LEVEL is set to 1 (INFO hidden,
+warnings and errors shown) unless the environment sets it, and the lines below it written during the import
+are dropped (`data.native_log`). A script that imported TensorFlow before `data` keeps what it chose.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from data import native_log
 from data.schema import DataError, DenseSchema, Feature, FeatureSchema, ImageSchema, Preprocess, RecordInfo
 
 if TYPE_CHECKING:
@@ -22,6 +28,8 @@ if TYPE_CHECKING:
     from data.parse import decoded_images, serving_images
     from data.pipeline import Stream, decode_share, eval_dataset, make_dataset, training_dataset
     from data.writer import write_dense_records, write_feature_records, write_image_records
+
+LIBRARY_LOG_LEVEL = 1  # a script that imports data: TensorFlow's INFO lines hidden, its warnings and errors not
 
 _LAZY = {
     "AUTO_CACHE_BYTES": "data.cache",
@@ -85,7 +93,9 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        with native_log.quiet_first_import(LIBRARY_LOG_LEVEL):
+            module = importlib.import_module(_LAZY[name])
+        value = getattr(module, name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
     raise AttributeError(f"module 'data' has no attribute '{name}'")

@@ -4,12 +4,14 @@
     python -m data.prepare synthetic /tmp/synth --shape=32,32,3 --num_classes=10 --num_examples=5000
     python -m data.prepare synthetic /tmp/dense --shape=20 --num_classes=4 --num_examples=1000
     python -m data.prepare synthetic /tmp/jpeg --format=jpeg --shape=375,500,3 --num_classes=1000 --num_examples=512
-    python -m data.prepare text input.txt /tmp/shakespeare --tokens=char --context=256
+    python -m data.prepare text input.txt /tmp/shakespeare --context=256   # --tokens=byte, the default
 
 Each writes OUT_DIR/train-*-of-*, OUT_DIR/eval-*-of-* and OUT_DIR/info.json (counts, shape, num_classes,
 schema kind; `text` writes vocab.json instead, see data/text.py), and prints the two globs to pass as
 --train_data and --eval_data. Arguments are checked before TensorFlow is imported, so a typo fails in
-milliseconds with exit code 2.
+milliseconds with exit code 2. TensorFlow's C++ log lines are kept off stderr as `python -m trainer` keeps
+them (`data.native_log`: TF_CPP_MIN_LOG_LEVEL=3 unless the environment sets it; TF_CPP_MIN_LOG_LEVEL=0 shows
+them all).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import sys
 
+from data import native_log
 from data.schema import DataError
 
 
@@ -59,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     text = commands.add_parser("text", help="UTF-8 text files -> token records for --task=lm (data/text.py)")
     text.add_argument("files", nargs="+", metavar="FILES", help="UTF-8 text files, concatenated in this order")
     text.add_argument("out_dir", metavar="OUT")
-    text.add_argument("--tokens", choices=("char", "byte"), required=True)
+    text.add_argument(
+        "--tokens",
+        choices=("byte", "char"),
+        default="byte",
+        help="byte (default): the text's UTF-8 bytes, a fixed vocabulary of 256 that holds any text; char: one "
+        "token per character the text holds (a vocabulary of its own, shorter sequences for non-ASCII text)",
+    )
     text.add_argument("--context", type=int, default=64, help="tokens the model sees; records hold up to +1")
     text.add_argument("--eval_fraction", type=float, default=0.1, help="the text's last share, held out")
     text.add_argument("--documents", choices=("none", "paragraphs"), default="none")
@@ -140,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "synthetic":
         _check_synthetic(args, parser)
     try:
+        if args.command == "text":
+            _check_text(args)
+        with native_log.quiet_first_import(native_log.QUIET_LEVEL):  # as `python -m trainer` keeps it quiet
+            import tensorflow  # noqa: F401, PLC0415 (after the checks: a bad argument fails in milliseconds)
         if args.command == "digits":
             from data import digits
 
@@ -147,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "text":
             from data import text
 
-            _check_text(args)
             train_glob, eval_glob, _ = text.write_text_records(
                 args.files, args.out_dir, args.tokens, args.context, args.eval_fraction, args.documents
             )

@@ -1,6 +1,7 @@
 """What a user sees: one definition of the train scalars, the live line, banner and summary, histograms as
 TensorBoard draws them, "already complete", and the warning on a stretched schedule."""
 
+import dataclasses
 import io
 import json
 import os
@@ -61,6 +62,32 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
     assert f"outputs: {tmp_path / 'run' / 'metrics.json'}" in out and f"--logdir={tmp_path / 'run'}" in out
     assert out.index("model      cnn") < out.index("step       1/12") < out.index("done: step 12")
     assert "warning" not in out and metrics["cost_warnings"] == []  # float32, no XLA: nothing known to cost
+
+
+def test_the_banner_of_a_pipeline_names_its_stages_their_layers_and_where_their_variables_live(
+    make_config, tmp_path, capsys
+):
+    """2 devices as 1 pipeline of 2 stages: no `towers 2` line, each stage's device, layers and variables; and
+    what the stage lines say is where the built model's variables are."""
+    from trainer.loop.build import build
+    from trainer.step import spread
+
+    config = make_config(towers={"pipeline_stages": 2}, loop={"train_steps": 2, "log_every_steps": 2})
+    metrics = train(config)
+    out = capsys.readouterr().out
+    assert "0.58 MB of variables on each stage's device; float32" in out and "towers " not in out
+    assert (
+        "pipelines  1 of 2 stages (sync, deterministic; 1f1b schedule): "
+        "pipeline 0 tower 0 (/device:CPU:0) -> tower 1 (/device:CPU:1)\n"
+    ) in out
+    assert "stage 0    layers conv1..bn2 (5 layers), 0.07 MB of variables on /device:CPU:0\n" in out
+    assert "stage 1    layers relu2..logits (7 layers), 0.51 MB of variables on /device:CPU:1\n" in out
+    assert metrics["parameter_devices"] == [f"/job:localhost/replica:0/task:0/device:CPU:{s}" for s in (0, 1)]
+    built = build(dataclasses.replace(config, loop=dataclasses.replace(config.loop, model_dir=str(tmp_path / "b"))))
+    for stage, device in enumerate(["device:CPU:0", "device:CPU:1"]):
+        owned = built.updater.runner.stage_variables(stage)
+        assert owned and {spread.device_of(v).rsplit("/", 1)[-1] for v in owned} == {device}
+    built.updater.close()
 
 
 def test_settings_slow_on_cpus_warn_only_on_cpu_towers(make_config):

@@ -161,3 +161,40 @@ def test_bad_arguments_fail_before_tensorflow(tmp_path):
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "missing.txt does not exist" in result.stderr
+
+
+NOISE = ("cudart_stub", "cpu_feature_guard", "oneDNN", "absl::InitializeLog")  # TensorFlow's start-up lines
+
+
+def _quiet_run(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh process with this checkout first on the path and no TF_CPP_MIN_LOG_LEVEL set."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = root
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_prepare_text_without_tokens_writes_bytes_and_prints_no_tensorflow_lines(tmp_path):
+    """--tokens defaults to byte; the command prints its two flags and none of TensorFlow's start-up lines."""
+    (tmp_path / "input.txt").write_text("héllo, wörld: any UTF-8 text.\n\n" * 40, encoding="utf-8")
+    result = _quiet_run(["-m", "data.prepare", "text", "input.txt", "out"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [line.split("=")[0] for line in result.stdout.splitlines()] == ["--train_data", "--eval_data"]
+    assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], result.stderr
+    info = json.loads((tmp_path / "out" / "vocab.json").read_text())
+    assert (info["tokens"], info["vocab_size"]) == ("byte", 256)
+    assert len(glob.glob(str(tmp_path / "out" / "train-*"))) == 4 and glob.glob(str(tmp_path / "out" / "eval-*"))
+
+
+def test_a_script_writing_records_through_data_prints_no_tensorflow_lines(tmp_path):
+    """`import data` then `data.write_feature_records`: the lazy import of TensorFlow is quiet (INFO hidden)."""
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "import data\n"
+        "schema = data.FeatureSchema.of({'x': data.Feature('int64', (4,))}, 'mine')\n"
+        "print(data.write_feature_records('out/x.tfrecord', [{'x': [1, 2, 3, 4]}] * 5, schema))\n"
+    )
+    result = _quiet_run([str(script)], tmp_path)
+    assert result.returncode == 0 and result.stdout == "5\n", result.stderr
+    assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], result.stderr
+    assert (tmp_path / "out" / "x.tfrecord").stat().st_size > 0

@@ -11,27 +11,27 @@ import tensorflow as tf
 from trainer.outputs.costs import cost_warnings
 from trainer.outputs.progress import format_duration
 from trainer.settings.config import RunConfig
+from trainer.step import pipeline
 
 
 def start_lines(config: RunConfig, state) -> list[str]:
-    """The banner: model, towers, batch, data, what training does to the data (augmentation, normalization and
-    cache, with what `auto` chose), optimizer and model_dir (the attempt line says fresh or resumed), then a
-    warning for each setting known to be slow on these devices (`trainer.outputs.costs`)."""
+    """The banner: model, towers (or pipelines and their stages), batch, data, what training does to the data
+    (augmentation, normalization and cache, with what `auto` chose), optimizer and model_dir (the attempt line
+    says fresh or resumed), then a warning for each setting known to be slow on these devices
+    (`trainer.outputs.costs`). Where things run and where the variables live is read off the objects that
+    decided it: the placement, the step's runner (its stages) and its mirrors."""
     t, o = config.towers, config.optimizer
-    placement = state.placement
+    staged = _pipeline_runner(state.updater)
     params = sum(int(np.prod(v.shape)) for v in state.model.trainable_variables)
-    size_mb = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in state.model.variables) / 2**20
     mode = t.update_mode + (", deterministic" if config.deterministic else "")
-    towers = ", ".join(placement.describe_tower(i) + f" ({d})" for i, d in enumerate(placement.towers))
-    variables = "spread over the towers" if placement.spread_over else f"on {placement.parameter_device}"
     train, evaluation = state.inputs.train, state.inputs.eval
     what, *more = state.reader.banner_lines(state.inputs, state.data_settings)
     return [
         f"task       {state.task.name}",
         f"model      {state.task.model_description(state.model)}: {params:,} trainable parameters, "
-        f"{size_mb:.2f} MB of variables "
-        f"{variables}; {t.mixed_precision or 'float32'}{', XLA' if t.jit_compile else ''}",
-        f"towers     {t.total_towers} ({mode}): {towers}",
+        f"{_mb(state.model.variables)} MB of variables "
+        f"{_variables_where(state, staged)}; {t.mixed_precision or 'float32'}{', XLA' if t.jit_compile else ''}",
+        *(_pipeline_lines(staged, state.placement, mode) if staged else _tower_lines(state.placement, mode)),
         f"batch      {t.global_batch_size} per step = {t.num_micro_batches} micro-batches of {t.micro_batch_size}",
         f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; {what}",
         *more,
@@ -39,6 +39,59 @@ def start_lines(config: RunConfig, state) -> list[str]:
         f"model_dir  {config.loop.model_dir}, training to step {config.loop.train_steps}",
         *(f"warning: {warning}" for warning in cost_warnings(config)),
     ]
+
+
+def _pipeline_runner(updater) -> pipeline.PipelineRunner | None:
+    """The step's pipeline runner, or None when each micro-batch runs whole on a tower (or the mode has none)."""
+    runner = getattr(updater, "runner", None)
+    return runner if isinstance(runner, pipeline.PipelineRunner) else None
+
+
+def _variables_where(state, staged: pipeline.PipelineRunner | None) -> str:
+    """Where the model's variables live: each stage's on its device, spread over the towers (with those kept on
+    every task, `trainer.step.mirrors`), or all on the parameter device."""
+    placement = state.placement
+    if staged is not None:
+        return "on each stage's device" + (" of pipeline 0" if staged.num_pipelines > 1 else "")
+    if not placement.spread_over:
+        return f"on {placement.parameter_device}"
+    mirrors = getattr(state.updater, "mirrors", None)
+    mirrored = len(mirrors.indices) if mirrors is not None else 0
+    also = f", {mirrored} of them with a copy on every task" if mirrored else ""
+    return f"spread over the {len(placement.spread_over)} towers{also}"
+
+
+def _tower_lines(placement, mode: str) -> list[str]:
+    towers = ", ".join(placement.describe_tower(i) + f" ({d})" for i, d in enumerate(placement.towers))
+    return [f"towers     {len(placement.towers)} ({mode}): {towers}"]
+
+
+def _pipeline_lines(runner: pipeline.PipelineRunner, placement, mode: str) -> list[str]:
+    """`pipelines P of S stages (...)`: each pipeline's devices in stage order; then a line per stage: its
+    layers, and its variables' size and device (the stage's device of pipeline 0, which the others read)."""
+    how = f"{mode}; {runner.schedule} schedule"
+    if runner.remat:
+        again = runner.recomputing_stages
+        which = f"stage {again[0]} recomputes" if len(again) == 1 else f"stages {', '.join(map(str, again))} recompute"
+        how += f", remat: {which}" if again else ", remat: no stage recomputes"
+    pipes = []
+    for p in range(runner.num_pipelines):
+        first = p * runner.num_stages
+        devices = [placement.describe_tower(first + s) + f" ({runner.device(p, s)})" for s in range(runner.num_stages)]
+        pipes.append(f"pipeline {p} " + " -> ".join(devices))
+    head = f"pipelines  {runner.num_pipelines} of {runner.num_stages} stages ({how}): {', '.join(pipes)}"
+    return [head, *(_stage_line(runner, s) for s in range(runner.num_stages))]
+
+
+def _stage_line(runner: pipeline.PipelineRunner, stage: int) -> str:
+    names = [layer.name for layer in runner.stages[stage].layers]
+    layers = f"layer {names[0]}" if len(names) == 1 else f"layers {names[0]}..{names[-1]} ({len(names)} layers)"
+    variables = runner.stage_variables(stage)
+    return f"{f'stage {stage}':<10} {layers}, {_mb(variables)} MB of variables on {runner.device(0, stage)}"
+
+
+def _mb(variables) -> str:
+    return f"{sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables) / 2**20:.2f}"
 
 
 def end_lines(config: RunConfig, metrics: dict, seconds: float, export_dir: str | None) -> list[str]:

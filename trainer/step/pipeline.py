@@ -89,6 +89,17 @@ class PipelineRunner:
             for stage, (kind, local) in self.order
         ]
 
+    @property
+    def recomputing_stages(self) -> list[int]:
+        """The stages whose backward runs their forward again (`--pipeline_remat`, several micro-batches kept)."""
+        return [s for s, way in enumerate(self.ways) if way.recomputes]
+
+    def stage_variables(self, stage: int) -> list:
+        """The model variables stage `stage` owns, trainable then not; they live on `device(0, stage)`."""
+        call = self.calls[stage]
+        trainable, other = self.model.trainable_variables, self.model.non_trainable_variables
+        return [trainable[i] for i in call.trainable] + [other[i] for i in call.non_trainable]
+
     def run_metrics(self, timings: dict) -> dict:
         """`metrics.json`'s "pipeline": stages, schedule, each stage's pieces and device, and the bubble:
         expected, (S-1)/(m+S-1), and measured on the last timed step (`bubble`)."""
@@ -99,7 +110,7 @@ class PipelineRunner:
                 "pipelines": self.num_pipelines,
                 "schedule": self.schedule,
                 "remat": self.remat,
-                "recomputing_stages": [s for s, way in enumerate(self.ways) if way.recomputes],
+                "recomputing_stages": self.recomputing_stages,
                 "stage_pieces": [stage.name for stage in self.stages],
                 "stage_devices": [self.device(0, s) for s in range(self.num_stages)],
                 "bubble_expected": schedules.bubble(self.num_stages, self.num_micro_batches // self.num_pipelines),
