@@ -94,7 +94,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     towers.check_task(task, model, iterators[0].element_spec, reader.padded_length)
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     forward = runners.inference(model, placement.towers, config.towers.pipeline)  # whole, or through the stages
-    explain = lambda e: bad_records.explain(e, False, log_line)  # noqa: E731
+    explain = lambda e: bad_records.explain(e, False, log_line) or reader.explain_failure(e, "--eval_data")  # noqa: E731
     evaluator = Evaluator(task, model, placement, make_eval, explain, forward)
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
     if config.runtime.device_memory_mb:  # traces the step: before the first one runs, a step too large is one line
