@@ -52,9 +52,10 @@ def inspect_feature_records(pattern: str, schema: FeatureSchema, what: str = "da
 
     Raises:
         DataError: If no file matches, a file is empty or not a TFRecord file, or its first record is not a
-            tf.train.Example or lacks a key of the schema, holds it with another dtype, or holds a fixed
-            feature with another number of values (or a variable-length one with more than max_length):
-            e.g. "task 'lm': feature 'tokens' of data/x.tfrecord is a float_list, the task reads int64".
+            tf.train.Example or lacks a key of the schema (one not optional), holds it with another dtype, or
+            holds a fixed feature with another number of values (or a variable-length one with more than
+            max_length), or a value outside the feature's bounds: e.g. "task 'lm': feature 'tokens' of
+            data/x.tfrecord holds float_list, the task reads int64".
     """
     files = list_files(pattern, what=what)
     for path in files:
@@ -115,15 +116,17 @@ def check_feature_records(info: RecordInfo, what: str = "data") -> int:
     """Reads every record of `info.files` once; returns how many there are.
 
     Checks every record's framing (CRC, truncation), that it parses with the schema (keys, dtypes, fixed
-    lengths) and that no variable-length feature is longer than its max_length: parsed in batches of 1024,
-    in parallel, only the lengths copied to numpy.
+    lengths), that no variable-length feature is longer than its max_length or lacks its key (unless
+    optional), and that every value lies inside its feature's bounds: parsed in batches of 1024, in parallel,
+    one flag per record copied to numpy; a batch with a bad record is read again one record at a time.
 
     Args:
         info: From `inspect_feature_records`.
         what: Names the data in the message ("--eval_data").
 
     Raises:
-        DataError: Naming the task, the feature, the file, the record's index and what is wrong (its length).
+        DataError: Naming the task, the feature, the file, the record's index and what is wrong (its length,
+            the keys it has instead, its value outside the bounds).
     """
     count, bad = _search(info, skip_corrupt=False)
     if bad is not None:
