@@ -161,7 +161,8 @@ def has_key(serialized: tf.Tensor, key: str) -> tf.Tensor:
     """bool [B]: whether each serialized tf.train.Example [B] holds `key` (even as an empty list, which parsing
     cannot tell from a missing key): its map's keys, decoded in the graph."""
     _, (features,) = tf.io.decode_proto(serialized, "tensorflow.Example", ["features"], [tf.string])
-    _, (entries,) = tf.io.decode_proto(features[:, 0], "tensorflow.Features", ["feature"], [tf.string])
+    features = tf.pad(features, [[0, 0], [0, 1]], constant_values="")[:, 0]  # [B, 0] if no record has features
+    _, (entries,) = tf.io.decode_proto(features, "tensorflow.Features", ["feature"], [tf.string])
     _, (keys,) = tf.io.decode_proto(entries, "tensorflow.Features.FeatureEntry", ["key"], [tf.string])
     return tf.reduce_any(tf.equal(keys[..., 0], key), axis=-1)
 
