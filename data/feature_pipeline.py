@@ -16,7 +16,8 @@ variable-length feature a 1-D tensor of its true length, a fixed one with its sh
   feature (a schema with several refuses such an output: name it after the feature it follows). Each padded
   output `k` gets `k_length`, int32 [B], its true lengths. So a batch has at most len(buckets) shapes.
 
-A record whose variable-length feature holds more than max_length values fails the pipeline with an
+A record whose variable-length feature holds more than max_length values, lacks a key that is not optional,
+or holds a value outside its feature's bounds fails the pipeline (before the model sees it) with an
 InvalidArgumentError naming the task and the feature; `BadRecords.explain` turns it into a DataError that
 names the file and the record too (`data.features.find_bad_feature_record`).
 """
@@ -28,7 +29,7 @@ import tensorflow as tf
 from data import augment as augment_lib
 from data import order as order_lib
 from data.feature_batches import LENGTH_SUFFIX, grouped_batches, padded_batches, padded_keys
-from data.features import parse_spec
+from data.features import missing, out_of_bounds, parse_spec
 from data.pipeline import IN_ORDER, Stream, drop_last, finished, registered
 from data.schema import DataError, FeatureSchema, RecordInfo
 
@@ -126,7 +127,7 @@ def _example_maker(schema: FeatureSchema, preprocess, stream_key: tf.Tensor, tra
     def make(epoch, pair):
         index, serialized = pair
         position = tf.stack([tf.cast(epoch, tf.int64), tf.cast(index, tf.int64)])
-        example = _checked(schema, tf.io.parse_single_example(serialized, spec))
+        example = _checked(schema, tf.io.parse_single_example(serialized, spec), serialized)
         outputs = dict(preprocess(example, example_seed(stream_key, position), training=training))
         padded, found = padded_keys(schema, outputs)
         problems.extend(found)
@@ -148,14 +149,26 @@ def _mapped(records: tf.data.Dataset, make_and_problems, wrap=None) -> tf.data.D
     return examples
 
 
-def _checked(schema: FeatureSchema, example: dict) -> dict:
-    """The example, its variable-length features asserted to hold at most max_length values."""
+def _checked(schema: FeatureSchema, example: dict, serialized: tf.Tensor) -> dict:
+    """The example, asserted to be good: each variable-length feature holds at most max_length values and is
+    present unless optional, each feature with bounds holds values inside them. The pipeline fails at a bad
+    record; `BadRecords.explain` then names it (no quotes in the messages: TensorFlow escapes them)."""
     checked = dict(example)
     for key, feature in schema.features:
+        asserts = []
         if feature.variable:
             length = tf.size(example[key])
-            # No quotes: TensorFlow escapes them when it prints the message.
             message = f"task {schema.task}: feature {key} holds more than its max_length {feature.max_length}:"
-            with tf.control_dependencies([tf.debugging.Assert(length <= feature.max_length, [message, length])]):
+            asserts.append(tf.debugging.Assert(length <= feature.max_length, [message, length]))
+            lacks = missing(schema, key, tf.reshape(length, [1]), tf.reshape(serialized, [1]))[0]
+            message = f"task {schema.task}: feature {key} is missing"
+            asserts.append(tf.debugging.Assert(tf.logical_not(lacks), [message]))
+        if feature.bounds is not None:
+            outside = out_of_bounds(feature, tf.reshape(example[key], [1, -1]))[0]
+            low, high = feature.bounds
+            message = f"task {schema.task}: feature {key} holds a value outside its bounds [{low}, {high})"
+            asserts.append(tf.debugging.Assert(tf.logical_not(outside), [message]))
+        if asserts:
+            with tf.control_dependencies(asserts):
                 checked[key] = tf.identity(example[key])
     return checked

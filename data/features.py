@@ -1,9 +1,9 @@
 """A task's own records (`data.FeatureSchema`): parsing them, checking them, naming the one that is bad.
 
 A record holds one tf.train.Example value per key of the schema: a fixed feature exactly prod(shape) values,
-a variable-length one (`Feature.max_length > 0`) up to max_length values. A record that lacks a variable-length
-key reads as an empty list of it (tf.train.Example cannot tell the two apart); one that lacks a fixed key does
-not parse.
+a variable-length one (`Feature.max_length > 0`) up to max_length values, each inside the feature's `bounds`
+when it declares them. A record that lacks a key is bad unless the feature is `optional` (variable-length
+only): then it reads as an empty list. A key present with an empty list is an empty list, optional or not.
 
 Every message about a bad record names the task, the feature and the file: "task 'lm': feature 'tokens' of
 data/x.tfrecord record 17 has 52 values, more than its max_length 40". `check_feature_records` reads every
@@ -52,9 +52,10 @@ def inspect_feature_records(pattern: str, schema: FeatureSchema, what: str = "da
 
     Raises:
         DataError: If no file matches, a file is empty or not a TFRecord file, or its first record is not a
-            tf.train.Example or lacks a key of the schema, holds it with another dtype, or holds a fixed
-            feature with another number of values (or a variable-length one with more than max_length):
-            e.g. "task 'lm': feature 'tokens' of data/x.tfrecord is a float_list, the task reads int64".
+            tf.train.Example or lacks a key of the schema (one not optional), holds it with another dtype, or
+            holds a fixed feature with another number of values (or a variable-length one with more than
+            max_length), or a value outside the feature's bounds: e.g. "task 'lm': feature 'tokens' of
+            data/x.tfrecord holds float_list, the task reads int64".
     """
     files = list_files(pattern, what=what)
     for path in files:
@@ -70,17 +71,35 @@ def example_problem(features, schema: FeatureSchema) -> tuple[str, str] | None:
     for key, feature in schema.features:
         kind = KINDS[feature.dtype]
         if key not in features:
-            if feature.variable:
-                continue  # an empty list is not written at all by some writers: read as empty
-            found = ", ".join(sorted(features)) or "none"
-            return key, f"is missing (keys found: {found})"
+            if feature.optional:
+                continue  # declared so: read as an empty list
+            return key, missing_problem(feature, features)
         found = features[key].WhichOneof("kind")
         if found is not None and found != kind:
             return key, f"holds {found}, the task reads {feature.dtype}"
-        count = len(getattr(features[key], kind).value)
-        problem = length_problem(feature, count)
+        values = getattr(features[key], kind).value
+        problem = length_problem(feature, len(values)) or bounds_problem(feature, values)
         if problem is not None:
             return key, problem
+    return None
+
+
+def missing_problem(feature: Feature, features) -> str:
+    """What is wrong with a record that lacks `feature`'s key: the keys it has instead (`features`)."""
+    found = ", ".join(sorted(features)) or "none"
+    hint = "; if records may lack it, declare it Feature(..., optional=True)" if feature.variable else ""
+    return f"is missing (keys found: {found}){hint}"
+
+
+def bounds_problem(feature: Feature, values) -> str | None:
+    """What is wrong with a record holding `values` of `feature`: its first value outside the bounds, or None."""
+    if feature.bounds is None:
+        return None
+    low, high = feature.bounds
+    for value in values:
+        if not low <= value < high:
+            shown = value if isinstance(value, int) else f"{value:g}"
+            return f"holds {shown}, outside its bounds [{low}, {high})"
     return None
 
 
@@ -97,15 +116,17 @@ def check_feature_records(info: RecordInfo, what: str = "data") -> int:
     """Reads every record of `info.files` once; returns how many there are.
 
     Checks every record's framing (CRC, truncation), that it parses with the schema (keys, dtypes, fixed
-    lengths) and that no variable-length feature is longer than its max_length: parsed in batches of 1024,
-    in parallel, only the lengths copied to numpy.
+    lengths), that no variable-length feature is longer than its max_length or lacks its key (unless
+    optional), and that every value lies inside its feature's bounds: parsed in batches of 1024, in parallel,
+    one flag per record copied to numpy; a batch with a bad record is read again one record at a time.
 
     Args:
         info: From `inspect_feature_records`.
         what: Names the data in the message ("--eval_data").
 
     Raises:
-        DataError: Naming the task, the feature, the file, the record's index and what is wrong (its length).
+        DataError: Naming the task, the feature, the file, the record's index and what is wrong (its length,
+            the keys it has instead, its value outside the bounds).
     """
     count, bad = _search(info, skip_corrupt=False)
     if bad is not None:
@@ -126,46 +147,86 @@ def find_bad_feature_record(info: RecordInfo, skip_corrupt: bool) -> str | None:
 
 def _search(info: RecordInfo, skip_corrupt: bool) -> tuple[int, tuple[str, bool] | None]:
     """(records read, (message, corrupt) of the first bad record or None)."""
-    lengths_of = _length_parser(info.schema)
+    check_batch = _batch_checker(info.schema)
     count = 0
     for path in info.files:
-        records, bad = _search_file(path, lengths_of, info.schema)
+        records, bad = _search_file(path, check_batch, info.schema)
         count += records
         if bad is not None and not (skip_corrupt and bad[1]):
             return count, bad
     return count, None
 
 
-def _length_parser(schema: FeatureSchema):
-    """`lengths(serialized [B]) -> ({key: int64 [B]}, payload bytes)`: each record's number of values."""
+def has_key(serialized: tf.Tensor, key: str) -> tf.Tensor:
+    """bool [B]: whether each serialized tf.train.Example [B] holds `key` (even as an empty list, which parsing
+    cannot tell from a missing key): its map's keys, decoded in the graph."""
+    _, (features,) = tf.io.decode_proto(serialized, "tensorflow.Example", ["features"], [tf.string])
+    features = tf.pad(features, [[0, 0], [0, 1]], constant_values="")[:, 0]  # [B, 0] if no record has features
+    _, (entries,) = tf.io.decode_proto(features, "tensorflow.Features", ["feature"], [tf.string])
+    _, (keys,) = tf.io.decode_proto(entries, "tensorflow.Features.FeatureEntry", ["key"], [tf.string])
+    return tf.reduce_any(tf.equal(keys[..., 0], key), axis=-1)
+
+
+def missing(schema: FeatureSchema, key: str, lengths: tf.Tensor, serialized: tf.Tensor) -> tf.Tensor:
+    """bool [B]: which records lack the non-optional variable-length `key` (False for other features). The
+    decode runs only for a batch with an empty list of it (an empty list reads as a missing key)."""
+    feature = schema.as_dict()[key]
+    if feature.optional or not feature.variable:
+        return tf.zeros_like(lengths, tf.bool)
+    empty = tf.equal(lengths, 0)
+    return tf.cond(
+        tf.reduce_any(empty),
+        lambda: tf.logical_and(empty, tf.logical_not(has_key(serialized, key))),
+        lambda: tf.zeros_like(empty),
+    )
+
+
+def out_of_bounds(feature: Feature, values) -> tf.Tensor:
+    """bool [B]: which records of a batch ([B, ...] dense or [B, None] ragged `values`) hold a value outside
+    the feature's bounds (False everywhere without bounds)."""
+    low, high = feature.bounds
+    outside = tf.logical_not(tf.logical_and(values >= tf.cast(low, values.dtype), values < tf.cast(high, values.dtype)))
+    if isinstance(outside, tf.RaggedTensor):
+        return tf.reduce_any(outside, axis=1)
+    return tf.reduce_any(tf.reshape(outside, [tf.shape(outside)[0], -1]), axis=1)
+
+
+def _batch_checker(schema: FeatureSchema):
+    """`check(serialized [B]) -> (bool [B], payload bytes)`: which records are bad (too long, outside their
+    bounds, lacking a key); a batch that does not parse fails the op (a fixed feature's tensor is used)."""
     spec = parse_spec(schema)
 
-    def lengths(serialized):
+    def check(serialized):
         parsed = tf.io.parse_example(serialized, spec)
-        # A fixed feature's count is its size, or the batch did not parse (its tensor is used: not pruned).
-        counts = {
-            key: parsed[key].row_lengths() if f.variable else tf.fill(tf.shape(parsed[key])[:1], int(np.prod(f.shape)))
-            for key, f in schema.features
-        }
-        payload = tf.reduce_sum(tf.strings.length(serialized, unit="BYTE"))
-        return {key: tf.cast(c, tf.int64) for key, c in counts.items()}, tf.cast(payload, tf.int64)
+        bad = tf.zeros(tf.shape(serialized), tf.bool)
+        for key, f in schema.features:
+            if f.variable:
+                lengths = parsed[key].row_lengths()
+                bad |= (lengths > f.max_length) | missing(schema, key, lengths, serialized)
+            if f.bounds is not None:
+                bad |= out_of_bounds(f, parsed[key])
+        # The parse must run even when no output is used (fixed features without bounds): it checks them.
+        with tf.control_dependencies(tf.nest.flatten(parsed, expand_composites=True)):
+            payload = tf.reduce_sum(tf.strings.length(serialized, unit="BYTE"))
+        return bad, tf.cast(payload, tf.int64)
 
-    return lengths
+    return check
 
 
-def _search_file(path: str, lengths_of, schema: FeatureSchema) -> tuple[int, tuple[str, bool] | None]:
+def _search_file(path: str, check_batch, schema: FeatureSchema) -> tuple[int, tuple[str, bool] | None]:
     """(records read, the first bad record or None) of one file; its bytes are counted, as `data.check` does:
-    TFRecordDataset stops without an error where a file ends inside a record's header."""
+    TFRecordDataset stops without an error where a file ends inside a record's header. A batch with a bad
+    record is read again one record at a time, to name it and say what is wrong."""
     batches = tf.data.TFRecordDataset(path).batch(_CHECK_BATCH)
-    batches = batches.map(lengths_of, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = batches.map(check_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     records = offset = 0
     try:
-        for counts, payload in batches:
-            long = _too_long(schema, {key: c.numpy() for key, c in counts.items()})
-            if long is not None:
-                key, index, text = long
-                return records, (_named(schema, key, path, records + index, text), False)
-            batch = len(next(iter(counts.values())))
+        for bad, payload in batches:
+            if np.any(bad.numpy()):
+                found = _bad_in_batch(path, records, schema)
+                if found is not None:
+                    return records, found
+            batch = int(tf.size(bad))
             records, offset = records + batch, offset + int(payload) + FRAME_BYTES * batch
     except tf.errors.OpError:
         return records, _bad_in_batch(path, records, schema)
@@ -173,19 +234,6 @@ def _search_file(path: str, lengths_of, schema: FeatureSchema) -> tuple[int, tup
     if offset == size:
         return records, None
     return records, (f"task '{schema.task}': file {path} ends {size - offset} bytes into record {records}", True)
-
-
-def _too_long(schema: FeatureSchema, counts: dict[str, np.ndarray]) -> tuple[str, int, str] | None:
-    """(key, index in the batch, problem) of the batch's first record with a too-long feature, or None."""
-    firsts = []
-    for key, feature in schema.features:
-        if feature.variable and counts[key].size and counts[key].max() > feature.max_length:
-            index = int(np.argmax(counts[key] > feature.max_length))
-            firsts.append((index, key, length_problem(feature, int(counts[key][index]))))
-    if not firsts:
-        return None
-    index, key, text = min(firsts)
-    return key, index, text
 
 
 def _named(schema: FeatureSchema, key: str, path: str, index: int, text: str) -> str:

@@ -14,7 +14,8 @@ run's pipelines and turns such an error into a `DataError` naming the file and t
   per chunk, not per record (~15 us each here), and whole chunks cross the interleave: on the digits the
   pipeline reads 1.14x as many examples/sec as with a plain TFRecordDataset per file.
 - Anything else (a record whose CRC is right but does not parse or decode, a label outside
-  [0, num_classes), any bad record of eval data, which is not checkpointed and uses a plain reader): the
+  [0, num_classes), a task's record lacking a key or holding a value outside its feature's bounds, any bad
+  record of eval data, which is not checkpointed and uses a plain reader): the
   pipeline fails, and `explain` reads the files again (data.check: batched and parallel, up to the first bad
   batch) to name the record. Only a failing run pays for that read, and only for errors raised by reading
   a pipeline (an out-of-memory in the model is not searched for). Such records are never skipped: one

@@ -111,6 +111,11 @@ class Feature:
         buckets: The padded lengths a batch may have, ascending, the last `max_length`: a batch is padded to
             the smallest that holds its longest example, so at most len(buckets) shapes are ever traced.
             Empty: powers of two from 8, then `max_length`.
+        optional: A record may lack the key: it then reads as an empty list. Only a variable-length feature
+            can be optional (a fixed one has no value to read instead). Not optional: a record without the key
+            fails the run, naming the task, the feature, the file and the keys the record has.
+        bounds: (low, high): every value v must satisfy low <= v < high (int64 or float32 only), checked in
+            the input pipeline before the model sees it, e.g. (0, vocab_size) for token ids. None: unchecked.
     """
 
     dtype: str
@@ -118,6 +123,8 @@ class Feature:
     max_length: int = 0
     pad: float = 0
     buckets: tuple[int, ...] = ()
+    optional: bool = False
+    bounds: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _FEATURE_DTYPES:
@@ -132,11 +139,33 @@ class Feature:
         if self.max_length and (list(buckets) != sorted(set(buckets)) or buckets[-1] != self.max_length):
             raise DataError(f"buckets {buckets} must ascend and end at max_length {self.max_length}")
         object.__setattr__(self, "buckets", buckets if self.max_length else ())
+        if self.optional and not self.max_length:
+            raise DataError(
+                "a fixed feature cannot be optional (it has no value to read when absent): give it max_length "
+                "to read a missing key as an empty list, or write the key in every record"
+            )
+        if self.bounds is not None:
+            object.__setattr__(self, "bounds", _checked_bounds(self.dtype, self.bounds))
 
     @property
     def variable(self) -> bool:
         """Whether the feature is a variable-length list (padded per batch)."""
         return self.max_length > 0
+
+
+def _checked_bounds(dtype: str, bounds) -> tuple[float, float]:
+    """`bounds` as (low, high) of the feature's dtype (ints for int64), or a DataError saying what is wrong."""
+    if dtype == "string":
+        raise DataError(f"bounds {bounds!r}: only an int64 or float32 feature has bounds, not a string one")
+    pair = tuple(bounds) if isinstance(bounds, (tuple, list)) else ()
+    numbers_ok = len(pair) == 2 and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair)
+    if numbers_ok and dtype == "int64" and not all(float(v).is_integer() for v in pair):
+        numbers_ok = False
+    if not numbers_ok or not pair[0] < pair[1]:
+        kind = "ints" if dtype == "int64" else "numbers"
+        raise DataError(f"bounds {bounds!r} must be two {kind} (low, high) with low < high: low <= value < high")
+    convert = int if dtype == "int64" else float
+    return convert(pair[0]), convert(pair[1])
 
 
 def _default_buckets(max_length: int) -> tuple[int, ...]:

@@ -17,8 +17,9 @@ What the engine guarantees a task (docs/tasks.md):
   every layout, and after a resume.
 - A variable-length feature (`Feature.max_length > 0`) reaches the model padded with `Feature.pad` to a
   length from `Feature.buckets`, the same for every example of a micro-batch; its true lengths arrive as
-  `batch[name + "_length"]` (int32, [batch]). A record longer than `max_length` fails the run with a line that
-  names the task, the feature and the file.
+  `batch[name + "_length"]` (int32, [batch]); the model sees the padded positions (mask them: docs/tasks.md).
+  A record longer than `max_length`, lacking a key (unless `Feature.optional`) or holding a value outside
+  `Feature.bounds` fails the run with a line that names the task, the feature and the file.
 """
 
 from __future__ import annotations

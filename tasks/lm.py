@@ -50,7 +50,8 @@ class LanguageModel(Task):
     # --- records ---------------------------------------------------------------------------------------------
 
     def features(self) -> dict[str, Feature]:
-        return {text_data.TOKENS_KEY: Feature("int64", max_length=self.context + 1)}
+        # Bounds: an id past the vocabulary fails the input pipeline naming its record (not the embedding).
+        return {text_data.TOKENS_KEY: Feature("int64", max_length=self.context + 1, bounds=(0, self.vocab_size))}
 
     def preprocess(self, example, seed, training):
         del seed, training  # every record is used whole: nothing random

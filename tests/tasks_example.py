@@ -106,3 +106,75 @@ class Misnamed(Regression):
     """Declares a metric its `metrics` does not return."""
 
     metric_names = ("rmse",)
+
+
+VOCAB = 32  # the token tasks' embedding rows: ids in [0, VOCAB)
+
+
+class Tokens(Task):
+    """y ~ Dense(mean of the embeddings of `tokens`' real positions): a variable-length int64 feature padded to
+    8 or 16, its padding masked out of the mean (`tokens_length`); no bounds declared."""
+
+    name = "tokens"
+    masked = True
+
+    def features(self):
+        return {"tokens": Feature("int64", max_length=16, buckets=(8, 16)), "y": Feature("float32")}
+
+    def build_model(self):
+        model = _Pool(self.masked)
+        model((tf.zeros([1, 8], tf.int64), tf.ones([1], tf.int32)))
+        return model
+
+    def model_inputs(self, batch):
+        return batch["tokens"], batch["tokens_length"]
+
+    def loss(self, outputs, batch):
+        errors = outputs - batch["y"]
+        return tf.square(errors), tf.ones_like(errors)
+
+
+class MeanOverPadding(Tokens):
+    """The same model, its mean taken over every position, padding included: outputs depend on the padding."""
+
+    masked = False
+
+
+class BoundedTokens(Tokens):
+    """Tokens declaring their range, the embedding's rows: a record outside it is named by the pipeline."""
+
+    def features(self):
+        return {**super().features(), "tokens": Feature("int64", max_length=16, buckets=(8, 16), bounds=(0, VOCAB))}
+
+
+class OptionalTags(Tokens):
+    """Reads an optional `tags` list too, which records may lack (then empty); the model ignores it."""
+
+    def features(self):
+        return {**super().features(), "tags": Feature("int64", max_length=4, optional=True)}
+
+
+class _Pool(keras.Model):
+    def __init__(self, masked: bool):
+        super().__init__(name="masked_pool" if masked else "mean_over_padding")
+        self.masked = masked
+        self.embed = keras.layers.Embedding(VOCAB, 4)
+        self.out = keras.layers.Dense(1)
+
+    def call(self, inputs, training=False):
+        del training
+        tokens, lengths = inputs
+        vectors = self.embed(tokens)
+        if not self.masked:
+            return self.out(tf.reduce_mean(vectors, axis=1))[:, 0]
+        mask = tf.sequence_mask(lengths, tf.shape(tokens)[1], dtype=vectors.dtype)[:, :, None]
+        count = tf.maximum(tf.cast(lengths, vectors.dtype), 1.0)[:, None]
+        return self.out(tf.reduce_sum(vectors * mask, axis=1) / count)[:, 0]
+
+
+def token_examples(n: int, seed: int) -> list[dict]:
+    """`n` records of 2..7 token ids in [1, VOCAB), y their mean over VOCAB."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 8, size=n)
+    tokens = [rng.integers(1, VOCAB, size=length) for length in lengths]
+    return [{"tokens": t, "y": [t.mean() / VOCAB]} for t in tokens]

@@ -230,6 +230,7 @@ def test_features_preprocess_and_describe(tmp_path):
     task = LanguageModel(_config(tmp_path, context=6))
     feature = task.features()["tokens"]
     assert (feature.dtype, feature.max_length, feature.buckets) == ("int64", 7, (7,))
+    assert feature.bounds == (0, 7)  # the vocabulary: an id past it is named in the pipeline, not the embedding
     out = task.preprocess({"tokens": tf.constant([1, 2, 3], tf.int64)}, tf.constant([0, 0]), training=True)
     assert out["tokens"].dtype == tf.int32 and out["tokens"].numpy().tolist() == [1, 2, 3]
     assert task.describe() == {

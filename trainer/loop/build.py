@@ -16,6 +16,7 @@ import tensorflow as tf
 import data
 import tasks
 from models import stages
+from trainer.loop import padding
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.inputs import Inputs, eval_dataset_fn, train_iterators
 from trainer.loop.records import reader_for
@@ -92,9 +93,10 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     iterators = train_iterators(plan, placement, reader, inputs, train_dataset, bad_records, settings)
     # One example, eagerly, before any step traces: a task whose pieces do not fit is one line, not a traceback.
     towers.check_task(task, model, iterators[0].element_spec, reader.padded_length)
+    padding.check_padding(task, model, reader, inputs)  # a model that looks at its padding: one warning line
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     forward = runners.inference(model, placement.towers, config.towers.pipeline)  # whole, or through the stages
-    explain = lambda e: bad_records.explain(e, False, log_line)  # noqa: E731
+    explain = lambda e: bad_records.explain(e, False, log_line) or reader.explain_failure(e, "--eval_data")  # noqa: E731
     evaluator = Evaluator(task, model, placement, make_eval, explain, forward)
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
     if config.runtime.device_memory_mb:  # traces the step: before the first one runs, a step too large is one line

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import data
 from trainer.loop.inputs import Inputs, resolve_inputs
+from trainer.loop.lookups import explain_lookup
 from trainer.outputs.export import TaskServing
 from trainer.outputs.serving_classify import Serving as ClassifyServing
 from trainer.settings.config import RunConfig
@@ -77,6 +78,10 @@ class ClassifyRecords:
 
     def serving(self, inputs: Inputs, settings: DataSettings):
         return ClassifyServing(inputs.train, inputs.num_classes, settings.preprocess)
+
+    def explain_failure(self, error: BaseException, what: str):
+        """What a step's (or eval's) error says about the data, as a DataError, or None: nothing here."""
+        del error, what
 
     def banner_lines(self, inputs: Inputs, settings: DataSettings) -> list[str]:
         shape = "x".join(str(d) for d in inputs.train.example_shape)
@@ -149,6 +154,11 @@ class FeatureRecords:
 
     def serving(self, inputs: Inputs, settings: DataSettings):
         return TaskServing(self.task)
+
+    def explain_failure(self, error: BaseException, what: str):
+        """A DataError for a lookup of the model that failed on an index from the data
+        (`trainer.loop.lookups`), or None."""
+        return explain_lookup(error, self.schema, what)
 
     def banner_lines(self, inputs: Inputs, settings: DataSettings) -> list[str]:
         features = ", ".join(f"{key} ({_feature(f)})" for key, f in self.schema.features)

@@ -190,6 +190,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
             return loop.run()
     except (tf.errors.OpError, TowerFailed) as e:  # what `next(iterator)` in a step raised for bad data
         explained = state.bad_records and state.bad_records.explain(e, training=True, log=log_line)
+        explained = explained or state.reader.explain_failure(e, "--train_data")
         if explained is None:
             raise
         raise explained from e
