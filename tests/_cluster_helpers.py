@@ -35,7 +35,7 @@ def tf_config_envs(num_tasks: int) -> list[dict]:
 
 
 def slurm_envs(num_tasks: int) -> list[dict]:
-    """What `srun --ntasks=N` on one node named localhost sets; the job id picks free ports (launch.cluster)."""
+    """What `srun --ntasks=N` on one node named localhost sets; the job id picks free ports (launch.job.cluster)."""
     while True:
         job_id = random.randrange(100_000, 900_000)
         base = 12000 + (job_id % 2500) * 8

@@ -1,4 +1,4 @@
-"""The session's N-node Slurm (launch/node_slurm.py) for the tests marked `twonode` (two nodes or more).
+"""The session's N-node Slurm (launch/testslurm/node_slurm.py) for the tests marked `twonode` (two nodes or more).
 
 tests/conftest.py imports the fixtures from here, and puts the `twonode` tests on the xdist worker of the `slurm`
 ones, so that they never run beside each other on the 2 cores. `node_slurm(count)` brings up (or reuses) the
@@ -10,7 +10,7 @@ TOWERFLOW_REQUIRE_SLURM=1 (for CI), a Slurm that cannot be brought up fails the 
 
 import pytest
 
-from launch import node_slurm as node_lib
+from launch.testslurm import node_slurm as node_lib
 from tests.slurm_fixture import start_or_skip
 
 

@@ -1,4 +1,4 @@
-"""The session-wide local Slurm (launch/local_slurm.py) for the tests marked `slurm`.
+"""The session-wide local Slurm (launch/testslurm/local_slurm.py) for the tests marked `slurm`.
 
 tests/conftest.py imports `local_slurm` from here. Loaded as a plugin instead (`pytest -p tests.slurm_fixture`
 or `pytest_plugins = ["tests.slurm_fixture"]`), this module also registers the `slurm` marker.
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from launch import local_slurm as slurm_lib
-from launch import slurm_daemons
+from launch.testslurm import local_slurm as slurm_lib
+from launch.testslurm import slurm_daemons
 
 
 def pytest_configure(config):

@@ -1,10 +1,10 @@
-"""launch.cluster: the tasks of a run from Slurm step / TF_CONFIG variables, their ports, and bad layouts."""
+"""launch.job.cluster: the tasks of a run from Slurm step / TF_CONFIG variables, their ports, and bad layouts."""
 
 import json
 
 import pytest
 
-from launch.cluster import Cluster, ClusterError, expand_tasks_per_node, resolve_cluster
+from launch.job.cluster import Cluster, ClusterError, expand_tasks_per_node, resolve_cluster
 
 pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
 

@@ -6,7 +6,9 @@ inside a function (a function-level import is the same dependency, only later):
   (nor from each other), launch nothing from data, models or benchmarks and from trainer only what
   docs/architecture.md allows, trainer nothing from benchmarks; none of them imports tests;
 - inside trainer/, a module imports from its own floor or the floors below it, never from above;
-- launch/ and `trainer.settings` import no TensorFlow, so bad flags and Slurm's tools fail or run before it.
+- launch/ and `trainer.settings` import no TensorFlow, so bad flags and Slurm's tools fail or run before it;
+- inside launch/, its rooms: `launch.submit` may read `launch.job`, and nothing but the tests and the benchmarks
+  reads `launch.testslurm` (a user's job never needs the test Slurm); trainer/ reads only `launch.job`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -33,9 +36,26 @@ FORBIDDEN = {
     "benchmarks": {"tests"},
 }
 # launch/ runs before and around the trainer, without TensorFlow: what it may borrow from trainer/.
-# launch/slurm.py checks the trainer's flags before submitting, as `python -m trainer` settles them.
-LAUNCH_MAY_IMPORT = {"launch/slurm.py": ("trainer.settings", "trainer.step.modes", "trainer.system.packages")}
+# launch/submit/slurm.py checks the trainer's flags before submitting, as `python -m trainer` settles them.
+LAUNCH_MAY_IMPORT = {"launch/submit/slurm.py": ("trainer.settings", "trainer.step.modes", "trainer.system.packages")}
 TENSORFLOW = ("tensorflow", "keras", "tf_keras")
+# launch/'s rooms (docs/architecture.md): the rooms of launch/ (and trainer/) each may read. The modules at
+# launch/'s top are names kept for commands, each forwarding to one room's module.
+LAUNCH_ROOMS = {
+    "launch.job": ("launch.job",),
+    "launch.submit": ("launch.submit", "launch.job"),
+    "launch.testslurm": ("launch.testslurm",),
+    "trainer": ("launch.job",),
+}
+# `python -m NAME` commands kept at launch/'s top (or in trainer/): NAME -> the module it runs. A queued job's
+# batch script names `launch.lost` (0.4.0 to 0.7.0) or `trainer.outputs.lost` (before) and runs it on every
+# requeue; the others are documented commands.
+KEPT_NAMES = {
+    "launch.slurm": "launch.submit.slurm",
+    "launch.lost": "launch.job.lost",
+    "trainer.outputs.lost": "launch.job.lost",
+    "launch.node_slurm": "launch.testslurm.node_slurm",
+}
 
 
 def _modules(package: str) -> list[pathlib.Path]:
@@ -155,6 +175,44 @@ def test_importing_every_launch_module_loads_no_tensorflow():
     assert result.stdout.strip() == "[]"
 
 
+def _room(dotted: str) -> str | None:
+    return next((room for room in LAUNCH_ROOMS if dotted == room or dotted.startswith(room + ".")), None)
+
+
+@pytest.mark.parametrize("package", ["launch", "trainer"])
+def test_each_room_of_launch_reads_only_the_rooms_it_may(package):
+    crossing = []
+    for path in _modules(package):
+        dotted = _dotted(path)
+        own = _room(dotted)
+        if own is None:  # launch/__init__.py and the kept names at the top: checked below
+            assert dotted in ("launch", *KEPT_NAMES), f"{path.relative_to(ROOT)} is in none of launch/'s rooms"
+            continue
+        for name in _imports(path):
+            if name.split(".")[0] == "launch" and not name.startswith(LAUNCH_ROOMS[own]):
+                crossing.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert crossing == [], crossing
+
+
+def test_the_kept_names_only_forward():
+    """Each name kept at launch/'s top (or in trainer/) imports the one module it runs and nothing of its own."""
+    for name, target in KEPT_NAMES.items():
+        path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+        assert sorted(_imports(path)) == sorted(["sys", target]), f"{path.relative_to(ROOT)} imports more than {target}"
+        assert "def " not in path.read_text(), f"{path.relative_to(ROOT)} should only forward to {target}"
+
+
+def test_a_rendered_batch_script_names_only_modules_that_exist():
+    from launch.submit import sbatch  # noqa: PLC0415
+
+    spec = sbatch.JobSpec(model_dir="/tmp/m", trainer_args=(), python="python", workdir="/tmp", nodes=2)
+    commands = [line for line in sbatch.render(spec).splitlines() if not line.startswith("#")]
+    named = {name for line in commands for name in re.findall(r" -m ([\w.]+)", line)}
+    assert named == {"trainer", "launch.job.lost"}
+    for module in named:
+        assert ROOT.joinpath(*module.split(".")).with_suffix(".py").is_file() or (ROOT / module).is_dir()
+
+
 def _floor(dotted: str) -> int | None:
     parts = dotted.split(".")
     return FLOORS.get(parts[1]) if parts[0] == "trainer" and len(parts) > 1 else None
@@ -181,12 +239,13 @@ def test_the_checks_see_an_upward_import_and_a_circle(tmp_path):
     assert _circles({"p.a": {"p.b"}, "p.b": {"p.d"}, "p.d": set()}) == []
 
 
-def test_the_old_name_of_the_batch_shells_tool_still_runs(tmp_path):
+def test_the_old_names_of_the_batch_shells_tool_still_run(tmp_path):
     """A job submitted before `launch.lost` moved out of trainer/ runs `python -m trainer.outputs.lost` on each
-    requeue (Slurm keeps the batch script as rendered): that name must still end an empty run's step, saying
-    so, as the new one does."""
+    requeue (Slurm keeps the batch script as rendered), and one submitted before `launch.job.lost` moved into
+    launch/job/ runs `python -m launch.lost`: both names must still end an empty run's step, saying so, as the
+    new one does."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    for module in ("trainer.outputs.lost", "launch.lost"):
+    for module in ("trainer.outputs.lost", "launch.lost", "launch.job.lost"):
         result = subprocess.run(
             [sys.executable, "-m", module, f"--model_dir={tmp_path}"], capture_output=True, text=True, env=env
         )

@@ -1,5 +1,5 @@
 """A towerflow job whose node count changes between attempts, on three real Slurm nodes (tests/node_fixture.py:
-launch/node_slurm.py, three slurmd in network namespaces of their own). One `--nodes=1-3` job, one task per
+launch/testslurm/node_slurm.py, three slurmd in network namespaces of their own). One `--nodes=1-3` job, one task per
 node with one tower each and K = 6 micro-batches (1, 2 and 3 towers all divide it), is submitted with tfn3
 drained, so Slurm starts it on tfn1 and tfn2; mid-run tfn2 is drained and the job gets the time-limit
 warning (the chief checkpoints and requeues it), so its second attempt has tfn1 alone; then tfn2 and tfn3
@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from launch import slurm_daemons
+from launch.testslurm import slurm_daemons
 from tests._cluster_helpers import Job, metrics
 from tests._node_helpers import DONE, attempts_in_log, log_of, submit, wait_for_step_of_restart
 

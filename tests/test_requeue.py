@@ -1,4 +1,4 @@
-"""Time-limit requeue: the policy (launch.requeue.decide), and the trainer calling `scontrol requeue` for its
+"""Time-limit requeue: the policy (launch.job.requeue.decide), and the trainer calling `scontrol requeue` for its
 Slurm job after the warning signal, recorded in attempts.json (a fake scontrol stands in for Slurm here;
 tests/test_slurm_jobs.py does it on a real one)."""
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from launch import lost, requeue
-from launch.cluster import SlurmJob, slurm_job
+from launch.job import lost, requeue
+from launch.job.cluster import SlurmJob, slurm_job
 from trainer.loop.run import train
 from trainer.outputs import attempts as attempts_lib
 from trainer.system import stop as stop_lib

@@ -9,8 +9,9 @@ import subprocess
 
 import pytest
 
-from launch import lost, requeue, sbatch
-from launch.cluster import SlurmJob
+from launch.job import lost, requeue
+from launch.job.cluster import SlurmJob
+from launch.submit import sbatch
 
 pytestmark = pytest.mark.quick
 

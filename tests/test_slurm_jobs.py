@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from launch import slurm as launcher
+from launch.submit import slurm as launcher
 
 pytestmark = pytest.mark.slurm
 
@@ -222,7 +222,7 @@ def _submit_tasks(capsys, model_dir, steps, *launcher_args) -> int:
 
 
 def _assert_two_tasks_served_each_other(log: str, job_id: int, node: str, exit_code: int = 0) -> None:
-    """Task 0 was the chief and task 1 its worker, on the ports derived from the job id (launch.cluster)."""
+    """Task 0 was the chief and task 1 its worker, on the ports derived from the job id (launch.job.cluster)."""
     base = 12000 + (job_id % 2500) * 8
     workers = f"workers {node}:{base}, {node}:{base + 1}"
     assert f"chief of task 0 of 2 (slurm job {job_id} step 0), {workers}" in log, log[-3000:]

@@ -1,12 +1,12 @@
-"""launch.sbatch / launch.slurm: the rendered job script and the launcher's checks (no Slurm needed)."""
+"""launch.submit.sbatch / launch.slurm: the rendered job script and the launcher's checks (no Slurm needed)."""
 
 import os
 import sys
 
 import pytest
 
-from launch import sbatch
-from launch import slurm as launcher
+from launch.submit import sbatch
+from launch.submit import slurm as launcher
 
 pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
 
@@ -35,7 +35,7 @@ def _render(capsys, *argv):
 def _srun_line(script: str) -> str:
     """The line of a multi-task script that runs the step (the batch shell goes on after it)."""
     (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert line.endswith(" &")  # in the background: launch.lost waits for it, then may requeue
+    assert line.endswith(" &")  # in the background: launch.job.lost waits for it, then may requeue
     return line.removesuffix(" &")
 
 

@@ -1,10 +1,10 @@
-"""The one-node and the N-node test Slurms keep apart on one machine (launch/slurm_conf.py,
-launch/slurm_daemons.py, launch/netns.py): their configs, ports, job ids and networks differ, and another Slurm
-is in the way only when it uses one of a site's ports. No Slurm, no root needed."""
+"""The one-node and the N-node test Slurms keep apart on one machine (launch/testslurm/: slurm_conf.py,
+slurm_daemons.py, netns.py): their configs, ports, job ids and networks differ, and another Slurm is in the way
+only when it uses one of a site's ports. No Slurm, no root needed."""
 
 import pytest
 
-from launch import local_slurm, netns, node_slurm, slurm_conf, slurm_daemons
+from launch.testslurm import local_slurm, netns, node_slurm, slurm_conf, slurm_daemons
 
 pytestmark = pytest.mark.quick
 

@@ -1,4 +1,4 @@
-"""A towerflow job on two real Slurm nodes (tests/node_fixture.py: launch/node_slurm.py, two slurmd in
+"""A towerflow job on two real Slurm nodes (tests/node_fixture.py: launch/testslurm/node_slurm.py, two slurmd in
 network namespaces of their own on one bridge). Submitted as a user does, `python -m launch.slurm --nodes=2`,
 one task per node with two towers each (K = 4 micro-batches: 2 tasks x 2 towers), it completes, each task on
 its node, the tasks finding each other by node name, and it trains the weights of one process with 4 towers."""
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from launch import node_slurm as node_lib
-from launch import slurm_daemons
+from launch.testslurm import node_slurm as node_lib
+from launch.testslurm import slurm_daemons
 from tests._cluster_helpers import Job, metrics, slurm_task_pid
 from tests._node_helpers import DONE, log_of, submit, wait_for_step_of_restart
 
@@ -66,7 +66,7 @@ def test_a_job_on_two_nodes_completes_with_the_weights_of_one_process(short_outa
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), log[-3000:]
     assert (info["NumNodes"], info["NumTasks"], info["NodeList"]) == ("2", "2", "tfn[1-2]")
     assert f"=== towerflow: job {job_id} restart 0 on tfn1 at" in log  # the batch step, on the first node
-    port = 12000 + (job_id % 2500) * 8  # launch.cluster's derived port: local task 0 on each node
+    port = 12000 + (job_id % 2500) * 8  # launch.job.cluster's derived port: local task 0 on each node
     workers = f"workers tfn1:{port}, tfn2:{port}"
     assert f"chief of task 0 of 2 (slurm job {job_id} step 0), {workers}" in log, log[-3000:]
     assert f"task 1 of 2 (slurm job {job_id} step 0), {workers}: serving 2 cpu device(s) to the chief" in log

@@ -1,4 +1,4 @@
-"""Each task's bytes per step on its own network interface (launch/netns.py, benchmarks/wire.py), root only.
+"""Each task's bytes per step on its own network interface (launch/testslurm/netns.py, benchmarks/wire.py), root only.
 
 Two tasks x 2 logical CPU devices, each task in its own network namespace, variables on the chief's CPU: every
 step the chief sends the worker one copy of the trainable variables (its two towers read the same copy) and
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from launch import netns
+from launch.testslurm import netns
 
 pytestmark = pytest.mark.netns
 

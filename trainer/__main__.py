@@ -26,7 +26,7 @@ import dataclasses  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch import cluster  # noqa: E402
+from launch.job import cluster  # noqa: E402
 from trainer import cli  # noqa: E402
 from trainer.settings import config as cfg  # noqa: E402
 from trainer.settings import flags as tf_flags  # noqa: E402

@@ -7,7 +7,7 @@ counted by the kernel on that task's own network interface. Needs root.
     python -m benchmarks.machines wire --summarize=benchmarks/results/wire.json     # the compact table, nothing run
 
 Each task of `python -m trainer` (TF_CONFIG, one port per task) runs in its own network namespace
-(`launch/netns.py`: task i in tfnode<i+1> at 10.78.0.(11+i), behind a veth pair on the bridge br-tf), so its
+(`launch/testslurm/netns.py`: task i in tfnode<i+1> at 10.78.0.(11+i), behind a veth pair on the bridge br-tf), so its
 traffic, and only its, crosses its interface. `benchmarks.machines.multinode` reads `lo` instead: every task merged.
 
 Grid: models {cnn on the digits, resnet50 on 32x32x3 synthetic records} x M tasks {2, 3, 4} x T towers per task
@@ -33,7 +33,7 @@ from importlib import metadata
 from benchmarks.harness import paths
 from benchmarks.harness.plan import Setting
 from benchmarks.machines.multinode import COMMON, _machine, free_ports, model_bytes
-from launch import netns
+from launch.testslurm import netns
 
 EXAMPLES_PER_MICRO_BATCH = 2
 RUN_TIMEOUT_SEC = 1800

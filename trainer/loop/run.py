@@ -14,7 +14,7 @@ import time
 import tensorflow as tf
 
 import tasks as tasks_lib
-from launch import cluster as cluster_lib
+from launch.job import cluster as cluster_lib
 from trainer.loop.build import build, log_line
 from trainer.loop.controller import Loop
 from trainer.outputs import attempts as attempts_lib
@@ -39,7 +39,7 @@ def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None,
     Args:
       run: the run: a settled `trainer.step.modes.Plan`, used as it is, or a `RunConfig`, settled here once.
       stop: the stop request to honour (the process-wide `trainer.system.stop.REQUEST` by default).
-      cluster: a `launch.cluster.Cluster` of several tasks whose chief this process is, already connected
+      cluster: a `launch.job.cluster.Cluster` of several tasks whose chief this process is, already connected
         (`trainer.system.distributed.connect`); None: this machine alone. `config.towers.num_tasks` is its size.
 
     Raises:

@@ -16,9 +16,9 @@ import os
 import socket
 import sys
 
-from launch import requeue as requeue_lib
-from launch.cluster import SlurmJob
-from launch.requeue import LOST, RUNNING, TIME_LIMIT_REQUEUED  # noqa: F401 (LOST: what the run records)
+from launch.job import requeue as requeue_lib
+from launch.job.cluster import SlurmJob
+from launch.job.requeue import LOST, RUNNING, TIME_LIMIT_REQUEUED  # noqa: F401 (LOST: what the run records)
 from trainer.outputs import report
 from trainer.outputs.progress import Rate
 from trainer.system.stop import TIME_LIMIT_SIGNALS, StopRequested
@@ -130,7 +130,7 @@ class AttemptLog:
 
 def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_requeues: int, train_steps: int) -> str:
     """Ends the attempt a stop signal interrupted; after a time-limit warning, requeues the Slurm job where
-    that helps (`launch.requeue.decide`). Returns a line for the log saying what happens next."""
+    that helps (`launch.job.requeue.decide`). Returns a line for the log saying what happens next."""
     outcome = f"stopped by signal {stop.signum} at step {stop.step}"
     if stop.signum not in TIME_LIMIT_SIGNALS:
         log.end(outcome)

@@ -210,7 +210,7 @@ class TowerConfig:
     pipeline_cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (models.stages.cut); empty: by bytes
     pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.stagepass)
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
-    num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
+    num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.job.cluster); not a flag
 
     @property
     def total_towers(self) -> int:
@@ -247,7 +247,7 @@ class LoopConfig:
     keep_checkpoints: int = 3
     export: bool = True
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
-    max_requeues: int = 3  # Slurm: requeues in a row without a step trained (see launch/requeue.py)
+    max_requeues: int = 3  # Slurm: requeues in a row without a step trained (see launch/job/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/outputs/rundir.py)
     steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.calls); 0: auto
 
@@ -268,7 +268,7 @@ class RuntimeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
-    """Several tasks (srun, TF_CONFIG): how they find and wait for each other (`launch.cluster`)."""
+    """Several tasks (srun, TF_CONFIG): how they find and wait for each other (`launch.job.cluster`)."""
 
     port: int = 0  # gRPC port of a node's first task; 0: derived from SLURM_JOB_ID
     timeout_sec: float = 300.0  # how long chief and workers wait for each other at the start

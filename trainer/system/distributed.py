@@ -29,7 +29,7 @@ import time
 
 import tensorflow as tf
 
-from launch.cluster import Cluster
+from launch.job.cluster import Cluster
 from trainer.settings.config import RunConfig
 from trainer.system import console, determinism, devices, peers, runtime
 from trainer.system import stop as stop_lib

@@ -23,7 +23,7 @@ from trainer.settings.config import ConfigError, RunConfig
 
 
 def check(config: RunConfig, tasks) -> None:
-    """Every check that applies to this task of `tasks` (a `launch.cluster.Cluster`).
+    """Every check that applies to this task of `tasks` (a `launch.job.cluster.Cluster`).
 
     Raises:
       ConfigError: naming the flag, the path or the port, and what to change.

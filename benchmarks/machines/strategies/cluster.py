@@ -3,7 +3,7 @@ and pinned to its share of the cores, byte counters around the run, and one task
 
 Both sides (towerflow and TensorFlow's strategies) start through `start_tasks`, so they get the same
 namespaces, the same cores and the same counters. The namespaces are this module's own network (`NET`:
-bridge br-peers, 10.81.0.0/24), not launch/netns.py's `WIRE`, so a `wire` run or test beside it is untouched.
+bridge br-peers, 10.81.0.0/24), not launch/testslurm/netns.py's `WIRE`, so a `wire` run or test beside it is untouched.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from benchmarks.harness import paths
 from benchmarks.machines.multinode import cores_of, free_ports
 from benchmarks.machines.wire import PROXY_VARIABLES
-from launch import netns
+from launch.testslurm import netns
 
 NET = netns.Network(bridge="br-peers", subnet="10.81.0", prefix="tfpeer", veth_prefix="vpeer")
 

@@ -1,4 +1,4 @@
-"""The sync comparison as 2-node Slurm jobs on launch/node_slurm.py's nodes (tfn1, tfn2: a slurmd each, in
+"""The sync comparison as 2-node Slurm jobs on launch/testslurm/node_slurm.py's nodes (tfn1, tfn2: a slurmd each, in
 network namespaces of their own): towerflow's own launcher (`python -m launch.slurm --nodes=2 -- FLAGS`)
 against benchmarks/machines/strategies/mwms.sbatch, the script a user would write for MultiWorkerMirroredStrategy.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.harness import paths
 from benchmarks.machines.multinode import COMMON
 
-BASE_PORT = 21000  # + job id mod 1000: two jobs of this Slurm never share a port; launch.cluster uses 12000+
+BASE_PORT = 21000  # + job id mod 1000: two jobs of this Slurm never share a port; launch.job.cluster uses 12000+
 SBATCH = Path(__file__).with_name("mwms.sbatch")
 GLOBAL_BATCH = 128
 JOB_TIMEOUT_SEC = 600
@@ -91,7 +91,7 @@ def _state(slurm, job_id: int) -> dict:
 def compare(steps: int, root: str) -> dict:
     """One towerflow job (2 nodes x 1 device) and one MWMS job on the 2-node Slurm; each one's examples/sec
     and ended state. Brings the Slurm up (and down after, if it started it here)."""
-    from launch import node_slurm  # noqa: PLC0415
+    from launch.testslurm import node_slurm  # noqa: PLC0415
 
     slurm = node_slurm.up(2)
     out = {}

@@ -1,8 +1,8 @@
-"""The configuration of a Slurm of our own on this machine (a *site*): launch/local_slurm.py's one node and
-launch/node_slurm.py's N. Each site has a directory of its own (slurm.conf, cgroup.conf, state, spool,
+"""The configuration of a Slurm of our own on this machine (a *site*): local_slurm.py's one node and
+node_slurm.py's N. Each site has a directory of its own (slurm.conf, cgroup.conf, state, spool,
 pid files, logs; /etc/slurm is never written), a ClusterName, ports and first job id of its own, so that sites
 run side by side: the test session may have both up. Pure text and directories; the daemons are
-launch/slurm_daemons.py's.
+slurm_daemons.py's.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Site:
     ports: tuple[int, int] = DEFAULT_PORTS  # SlurmctldPort, SlurmdPort
     proctrack: str = "proctrack/cgroup"
     first_job_id: int = 1  # distinct per site: job ids (and the trainer ports derived from them) tell sites apart
-    writer: str = "launch/local_slurm.py"
+    writer: str = "launch/testslurm/local_slurm.py"
 
     @property
     def conf(self) -> Path:
@@ -86,7 +86,7 @@ class Site:
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
-    """This machine as `slurmd -C` sees it (launch.slurm_daemons.machine)."""
+    """This machine as `slurmd -C` sees it (slurm_daemons.machine)."""
 
     host: str  # the short host name, which slurmctld must find in SlurmctldHost
     hardware: str  # CPUs=... Boards=... SocketsPerBoard=... CoresPerSocket=... ThreadsPerCore=...

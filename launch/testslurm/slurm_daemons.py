@@ -1,4 +1,4 @@
-"""The daemons of a Slurm of our own on this machine (a *site*, launch/slurm_conf.py): Debian's Slurm 22.05 and
+"""The daemons of a Slurm of our own on this machine (a *site*, slurm_conf.py): Debian's Slurm 22.05 and
 munge packages, one munged for every site, and per site a slurmctld and its slurmd, found among the machine's
 processes by their `-f <the site's conf>`, started, waited for and stopped. Daemons of other confs are left
 alone: another site's, or a Slurm of someone else's, which stops us only if it uses one of the site's ports.
@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from launch.slurm_conf import DEFAULT_PORTS, Machine, Site, write_config
+from launch.testslurm.slurm_conf import DEFAULT_PORTS, Machine, Site, write_config
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])

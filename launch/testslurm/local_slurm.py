@@ -1,12 +1,12 @@
 """A one-node Slurm (22.05, Debian's packages) that the tests bring up themselves, idempotently:
-`python -m launch.local_slurm up|down|status`.
+`python -m launch.testslurm.local_slurm up|down|status`.
 
 Everything lives in a directory of our own (/var/lib/towerflow-slurm, or $TOWERFLOW_SLURM_DIR): slurm.conf,
 cgroup.conf, state, spool, pid files and logs; /etc/slurm is never written. The daemons run with `-f <our conf>`
 and `LocalSlurm.env` holds SLURM_CONF for the client commands. Jobs get SLURM_CONF too (through sbatch's default
 --export=ALL, and from slurmd even with --export=NONE), so `scontrol` inside a job reaches this controller.
-Slurm's default ports, on 127.0.0.1; launch/node_slurm.py's Slurm can run beside it (other ports and
-directory). What the two share (packages, munge, config, daemons): launch/slurm_conf.py, launch/slurm_daemons.py.
+Slurm's default ports, on 127.0.0.1; node_slurm.py's Slurm can run beside it (other ports and
+directory). What the two share (packages, munge, config, daemons): slurm_conf.py, slurm_daemons.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from launch import slurm_daemons
-from launch.slurm_conf import Site, render
-from launch.slurm_daemons import SlurmUnavailable, install  # noqa: F401 (this module's interface since it began)
+from launch.testslurm import slurm_daemons
+from launch.testslurm.slurm_conf import Site, render
+from launch.testslurm.slurm_daemons import SlurmUnavailable, install  # noqa: F401 (this module's interface since it began)
 
 ROOT = Path(os.environ.get("TOWERFLOW_SLURM_DIR", "/var/lib/towerflow-slurm"))
 ADDRESS = "127.0.0.1"  # of the node and of slurmctld
@@ -65,7 +65,9 @@ def down() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `up` installs and starts (or reuses), `down` stops, `status` shows the daemons, sinfo and squeue."""
-    parser = argparse.ArgumentParser(prog="python -m launch.local_slurm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.testslurm.local_slurm", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("command", choices=("up", "down", "status"))
     command = parser.parse_args(argv).command
     try:

@@ -6,7 +6,7 @@ trainer checkpoints at the next step boundary and then calls `requeue`, which pu
 (`scontrol requeue`); the next start resumes from that checkpoint. Preemption needs none of this: Slurm
 requeues a preempted `--requeue` job by itself, after SIGTERM.
 
-A lost task requeues the job too (`launch.lost`, after a multi-task step), by the same rule. A
+A lost task requeues the job too (`launch.job.lost`, after a multi-task step), by the same rule. A
 requeue is refused when it would not help: outside Slurm, when the training is already done,
 when an attempt that was already training could not finish a single step before the warning (requeueing it
 would only repeat that, forever), or after `max_requeues` requeues in a row that made no progress (no newer
@@ -29,10 +29,10 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from launch.cluster import SlurmJob
+from launch.job.cluster import SlurmJob
 
 # The file of a run's attempts in model_dir and how each ended (`trainer.outputs.attempts` writes it; the batch
-# shell's `launch.lost` reads it and records its requeue): what both sides read.
+# shell's `launch.job.lost` reads it and records its requeue): what both sides read.
 ATTEMPTS_FILE = "attempts.json"
 RUNNING = "running"
 LOST = "lost a task"  # the outcome the peer watch records (trainer.system.peers)
@@ -56,7 +56,7 @@ PERMANENT = (
 RETRY_FIRST_SEC, RETRY_MAX_SEC = 1.0, 30.0  # between tries: 1, 2, 4, 8, 16, 30, 30 ..
 CALL_TIMEOUT_SEC = 60.0  # one try; an unreachable controller answers within ~20 s (MessageTimeout 10 s)
 # The job's end time, epoch seconds or Slurm's local "YYYY-MM-DDTHH:MM:SS": Slurm 22.05 sets no such variable
-# (checked), so the batch script exports squeue's %e once at the start (launch/sbatch.py).
+# (checked), so the batch script exports squeue's %e once at the start (launch/submit/sbatch.py).
 END_TIME_VARIABLES = ("SLURM_JOB_END_TIME", "TOWERFLOW_JOB_END_TIME")
 DEFAULT_BUDGET_SEC = 3600.0  # no end time known (no time limit, or squeue failed): retry for an hour
 

@@ -5,7 +5,7 @@ One task (`--nodes=1 --tasks_per_node=1`, the default): what the script does, an
   (SIGKILL aside): a trainer started as a child of the batch shell never sees the SIGTERM of a preemption or
   of `scontrol requeue`, and loses everything since its last checkpoint.
 - `--signal=B:USR1@W` asks for SIGUSR1 W seconds before the time limit, sent to the batch task (`B:`), which
-  is the trainer: it checkpoints after the current step and requeues the job (`launch/requeue.py`) after any
+  is the trainer: it checkpoints after the current step and requeues the job (`launch/job/requeue.py`) after any
   attempt that trained; `--max_requeues` caps the requeues in a row that did not. Slurm checks the limits
   about every 30 s, so the warning comes W to W+30 s early.
 - `--requeue`: Slurm requeues a preempted job by itself; the next start resumes from the checkpoint.
@@ -15,10 +15,10 @@ One task (`--nodes=1 --tasks_per_node=1`, the default): what the script does, an
 
 Several tasks (`--nodes=M`, `--tasks_per_node=T`, M*T > 1): every task runs the same `python -m trainer`;
 task 0 (the first task of the first node) is the chief, the others serve their devices to it
-(`trainer/system/distributed.py`, `launch/cluster.py`). The normal layout is one task per node driving all the
+(`trainer/system/distributed.py`, `launch/job/cluster.py`). The normal layout is one task per node driving all the
 node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks on one machine.
 - `srun --kill-on-bad-exit=1 --label python -m trainer ...`: starts the M*T
-  tasks as one job step (block distribution, which `launch.cluster` expects); a task that fails (a dead
+  tasks as one job step (block distribution, which `launch.job.cluster` expects); a task that fails (a dead
   worker, a bad flag on one node) ends the whole step instead of leaving the others waiting; `--label`
   starts every line of the log with its task's number (`1: step ...`).
 - `--signal=USR1@W` without `B:`: Slurm then signals every task of every job step, and not the batch shell
@@ -35,15 +35,15 @@ node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks
   being cancelled): the chief finished its step, checkpointed and exited 75 a second later
   (tests/test_slurm_jobs.py). Elsewhere, treat KillWait as the budget for the step in progress plus one
   checkpoint. `scancel --signal=TERM JOB` (no --full/--batch) signals the step tasks only, not srun.
-- After the step, the batch shell (on the first node, the chief's) runs `python -m launch.lost`:
+- After the step, the batch shell (on the first node, the chief's) runs `python -m launch.job.lost`:
   when the run's last attempt ended because a task was lost (`--peer_timeout_sec` passed, a killed task, the
   chief killed without a word), it requeues the job (`scontrol requeue`), capped like a time-limit requeue
-  (`launch/requeue.py`), and records it in attempts.json. Anything else (finished, stopped by a signal, a
+  (`launch/job/requeue.py`), and records it in attempts.json. Anything else (finished, stopped by a signal, a
   time-limit requeue already made, bad flags) it leaves alone. The shell traps SIGTERM so that it outlives a
   preemption's signal until srun has ended; srun itself hears the SIGTERM as it did as the batch task.
 - At its start the script exports the job's end time (`squeue -o %e`, once; Slurm 22.05 has no variable for
   it): the requeue after a lost task or a time-limit warning is retried while the controller does not
-  answer, until then (`launch/requeue.py`). srun passes the variable on to the tasks.
+  answer, until then (`launch/job/requeue.py`). srun passes the variable on to the tasks.
 - srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05), so the script passes it again; with
   T > 1 GPU tasks per node, `--gpu-bind=per_task:G` gives each task its own G GPUs.
 """
@@ -55,7 +55,7 @@ import datetime
 import re
 import shlex
 
-from launch.requeue import END_TIME_VARIABLES
+from launch.job.requeue import END_TIME_VARIABLES
 
 WARNING_SIGNAL = "USR1"
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -207,13 +207,13 @@ _TASKS_COMMENT = (
     "# task directly too. srun does not forward a SIGTERM it gets (it asks for SIGKILL instead); on Slurm 22.05",
     "# that does not cut short the tasks' KillWait grace when the job is being requeued. --kill-on-bad-exit=1:",
     "# a failed task ends the step rather than leaving the others waiting for it. After the step, a lost task",
-    "# (a node cut off or frozen past --peer_timeout_sec, a killed task) requeues the job: launch.lost.",
+    "# (a node cut off or frozen past --peer_timeout_sec, a killed task) requeues the job: launch.job.lost.",
 )
 
 
 _END_TIME = (
     "# The job's end time, read once while the controller surely answers: a requeue retried when it does not",
-    "# (this node's network down) gives up there (launch/requeue.py). NONE without a time limit.",
+    "# (this node's network down) gives up there (launch/job/requeue.py). NONE without a time limit.",
     f'export {END_TIME_VARIABLES[-1]}="$(timeout 30 squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null || true)"',
 )
 
@@ -247,11 +247,11 @@ def _shell(command: list[str]) -> str:
 
 
 def _step_then_requeue_if_lost(spec: JobSpec, srun: list[str]) -> list[str]:
-    """The batch shell starts the step, and `launch.lost` waits for it: it ends an srun that still
+    """The batch shell starts the step, and `launch.job.lost` waits for it: it ends an srun that still
     waits for a task 30 s after the chief's attempt ended (a node's task-exit message lost in an outage), then
     asks the run's attempts.json (the chief's node is this one) whether a task was lost, requeueing the job if
     so. The TERM trap keeps the shell alive while the tasks checkpoint after a preemption."""
-    requeue = [spec.python, "-u", "-m", "launch.lost", f"--model_dir={spec.model_dir}"]
+    requeue = [spec.python, "-u", "-m", "launch.job.lost", f"--model_dir={spec.model_dir}"]
     return [
         "trap 'echo \"=== towerflow: SIGTERM to the batch shell\"' TERM",
         _shell(srun) + " &",

@@ -1,5 +1,5 @@
 """Network namespaces as stand-in machines, so each task of a multi-task run has its own network interface:
-`python -m launch.netns up N | down | status`.
+`python -m launch.testslurm.netns up N | down | status`.
 
 Processes on 127.0.0.1 share `lo`, whose byte counter merges every task's traffic. Here task i runs in the
 namespace `tfnode<i>` (i = 1..N) behind a veth pair: `eth0` inside with address 10.78.0.(10 + i)/24, the host
@@ -7,7 +7,7 @@ side `vtf<i>` on the bridge `br-tf` (10.78.0.1/24). Every byte a namespace sends
 veth, so the kernel's counters of the host side give that task's traffic alone (`read_counters`: host-side
 rx = bytes the namespace sent). That is `WIRE`, the network of benchmarks.machines.wire and tests/test_wire.py; the
 module's functions are its methods. Another `Network` (other bridge, subnet and names) can run beside it:
-launch/node_slurm.py's nodes live on one (br-tf2n, 10.79.0.0/24, tfn1, tfn2, ...), and give their
+node_slurm.py's nodes live on one (br-tf2n, 10.79.0.0/24, tfn1, tfn2, ...), and give their
 namespaces names that resolve (`publish_names`). Needs root and iproute2's `ip`; stdlib only, no TensorFlow.
 """
 
@@ -159,6 +159,7 @@ class Network:
 
     @property
     def _mark(self) -> str:
+        # the module's name before launch/testslurm/, kept: /etc/hosts lines written then are still found
         return f"# launch.netns {self.bridge}"
 
     def read_counters(self, i: int) -> tuple[int, int]:
@@ -197,7 +198,7 @@ up, down, read_counters, run_in = WIRE.up, WIRE.down, WIRE.read_counters, WIRE.r
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m launch.netns up N | down | status"
+    usage = "usage: python -m launch.testslurm.netns up N | down | status"
     try:
         if argv[:1] == ["up"] and len(argv) == 2 and argv[1].isdigit():
             print(" ".join(f"{namespace(i + 1)}={a}" for i, a in enumerate(up(int(argv[1])))))
