@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import time
 
 import keras
@@ -65,6 +66,15 @@ def micro_batch_seeds(non_trainable: list[tf.Tensor], flags: list[bool], step, i
     return out
 
 
+def training_flag(model: keras.Model, training: bool) -> dict:
+    """`{"training": training}` for a model whose `call` takes it, else `{}`: `stateless_call` passes its
+    keyword arguments to `call` as they are, where `model(...)` drops a `training` that `call` does not name
+    (a subclassed model's `call(self, inputs)` is a valid Keras model)."""
+    parameters = inspect.signature(model.call).parameters.values()
+    takes = any(p.name == "training" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return {"training": training} if takes else {}
+
+
 def run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale=None) -> MicroBatchResult:
     """Forward and backward pass of one micro-batch with the given variable values.
 
@@ -84,7 +94,7 @@ def run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale=Non
     with tf.GradientTape() as tape:
         tape.watch(trainable)
         outputs, new_non_trainable, losses = model.stateless_call(
-            trainable, non_trainable, task.model_inputs(batch), training=True, return_losses=True
+            trainable, non_trainable, task.model_inputs(batch), return_losses=True, **training_flag(model, True)
         )
         outputs = tf.nest.map_structure(float32, outputs)
         loss, weight = weighted_sums(task, outputs, batch)
