@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,15 @@ def test_bad_input_is_one_error_line_and_exit_2(results, case):
     assert (done.returncode, done.stderr) == (2, f"error: {line}\n"), done.stdout[-2000:]
     if case == "too_long_in_training":  # found while training (the first record, inspected before, is fine)
         assert "fresh start at step 0" in done.stdout and "input pipeline failed" in done.stdout, done.stdout
+
+
+def test_the_refusals_are_documented():
+    """docs/tasks.md's table of refusals holds each case's line as a user reads it (a file as FILE, the
+    repository as ROOT)."""
+    with open(os.path.join(ROOT, "docs", "tasks.md")) as f:
+        page = f.read()
+    shown = {
+        name: re.sub(r"[{]+bad[}]+/[^ ]+", "FILE", line).replace(ROOT, "ROOT") for name, (_, line) in CASES.items()
+    }
+    undocumented = [name for name, line in shown.items() if f"`{line}" not in page]
+    assert undocumented == [], undocumented
