@@ -18,6 +18,7 @@ COMMANDS = {
     "dtensor": "benchmarks.probes.dtensor",
     "pipeline_schedule": "benchmarks.probes.pipeline_schedule",
     "pipeline_memory": "benchmarks.probes.pipeline_memory",
+    "feature_checks": "benchmarks.probes.feature_checks",
 }
 
 if __name__ == "__main__":
