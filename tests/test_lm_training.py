@@ -57,7 +57,7 @@ def _config(make_config, paragraphs, tmp_path, name: str, num_towers: int, **dat
         data={"train_data": paragraphs["train_data"], "eval_data": paragraphs["eval_data"], **data},
         optimizer={"name": "adamw", "learning_rate": 0.003},
     )
-    task = cfg.TaskConfig(name="lm", layers=2, heads=2, width=16, context=32)
+    task = cfg.TaskConfig(name="lm", options={"layers": 2, "heads": 2, "width": 16, "context": 32})
     return dataclasses.replace(config, task=task)
 
 
