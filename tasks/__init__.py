@@ -4,6 +4,11 @@
 "package.module:Class", a subclass of `Task` constructed with the run's settings. `check_name` checks the
 name without importing the task, so that `python -m trainer` refuses a bad one before TensorFlow is imported:
 `Task` (`tasks.base`, which imports TensorFlow) loads on first use (PEP 562).
+
+A built-in task is a user task that ships with towerflow. What the engine needs before TensorFlow, each
+declares in a module of its own without it (`tasks.options.Options`: its `--task` help, its typed arguments
+and their flags, its rules on the run's settings): `built_in_arguments`, `check_settings` and `task_help` are
+what the engine reads of them, so it never names a task.
 """
 
 from __future__ import annotations
@@ -12,14 +17,19 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from data.schema import Feature
+from tasks import classify_options, lm_options
+from tasks.options import Argument, Options
 
 if TYPE_CHECKING:
     from tasks.base import Task
 
 # Built-in task name -> "module:Class"; imported on first use (the language model pulls in more of Keras).
 BUILT_IN = {"classify": "tasks.classify:Classify", "lm": "tasks.lm:LanguageModel"}
+# Built-in task name -> its declaration (TF-free); a task without one declares nothing.
+DECLARED = {"classify": classify_options.OPTIONS, "lm": lm_options.OPTIONS}
+DEFAULT = "classify"  # --task's default
 
-__all__ = ["BUILT_IN", "Feature", "Task", "TaskError", "make_task"]
+__all__ = ["BUILT_IN", "DEFAULT", "Argument", "Feature", "Options", "Task", "TaskError", "make_task"]
 
 
 class TaskError(ValueError):
@@ -33,6 +43,29 @@ def __getattr__(name: str):
         globals()["Task"] = Task
         return Task
     raise AttributeError(f"module 'tasks' has no attribute '{name}'")
+
+
+def options(spec: str) -> Options:
+    """The declaration of the task `--task=spec` names: a built-in's, else one of nothing (a user task reads
+    `--task_args`)."""
+    return DECLARED.get(spec, Options())
+
+
+def built_in_arguments() -> list[tuple[str, Argument]]:
+    """(task, argument) of every built-in task's arguments, in `BUILT_IN` order: the engine's flags for them."""
+    return [(name, argument) for name, declared in DECLARED.items() for argument in declared.arguments]
+
+
+def check_settings(config) -> str:
+    """The first problem the task `config.task.name` finds with its arguments (`config.task.options`) or the
+    run's settings, as one line naming the flag; "" if none. Imports no TensorFlow."""
+    return options(config.task.name).check(config, dict(config.task.options))
+
+
+def task_help() -> str:
+    """`--task`'s help: each built-in task's line, then how to name one's own."""
+    lines = " ".join(declared.help for declared in DECLARED.values())
+    return f"The workload. {lines} Or 'package.module:Class', a subclass of tasks.Task (docs/tasks.md)."
 
 
 def check_name(spec: str) -> None:

@@ -42,8 +42,10 @@ class Task:
       name: Shown in the banner, `run.json` and error messages.
       metric_names: The keys `metrics` returns, in the order logs show them.
       eval_metric: The eval metric HParams ranks runs by (one of `metric_names`, or "loss").
-      records: How the engine reads the records: "features" (by `features()` and `preprocess`, the default) or
-        "classify" (the built-in image and vector pipeline, for `tasks.classify.Classify`).
+      records: The kind of records, which chooses how the engine reads them: "features" (by `features()` and
+        `preprocess`, the default) or "labeled" (images and vectors with class labels through the built-in
+        pipeline and its serving signatures; the task has `bind(example_shape, num_classes)` and a model of class
+        logits, as `tasks.classify.Classify`).
     """
 
     name = "task"

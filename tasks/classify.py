@@ -1,6 +1,7 @@
 """The built-in classification task (`--task=classify`): images or dense vectors, softmax cross-entropy,
-accuracy. Its records are read by the engine's image and vector pipeline (`data.pipeline`), whose decoding,
-augmentation, normalization and cache it keeps; its model is `--model` (`models.build_model`)."""
+accuracy. It picks the engine's labeled records (images and vectors with class labels, read by `data.pipeline`,
+whose decoding, augmentation, normalization, cache and serving signatures it keeps: `records = "labeled"`);
+its model is `--model` (`models.build_model`); what it checks before TensorFlow is in `tasks.classify_options`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class Classify(Task):
     name = "classify"
     eval_metric = "accuracy"
     metric_names = ("accuracy",)
-    records = "classify"  # the engine reads images and vectors itself (`trainer.loop.records`)
+    records = "labeled"  # images and vectors with class labels: the engine's reader (`trainer.loop.records`)
 
     def bind(self, example_shape: tuple[int, ...], num_classes: int) -> None:
         """What the records hold, once inspected: the model is built for it."""

@@ -6,8 +6,9 @@ engine's division by the summed weights makes it the mean over the batch's real 
 `bits_per_byte` (the loss in bits over the UTF-8 bytes the targets stand for: comparable between char and
 byte tokens) and `accuracy` (next-token arg-max hits); eval adds `perplexity`.
 
-Options come from `config.task`: `layers` (4), `heads` (4), `width` (128), `context` (64), `positions`
-("learned"), `dropout` (0.0). The vocabulary is vocab.json next to the first training file, or the default
+Its arguments are its own (`tasks.lm_options`, declared without TensorFlow; flags `--lm_layers` ...):
+`layers` (4), `heads` (4), `width` (128), `context` (64), `positions` ("learned"), `dropout` (0.0), read
+from `config.task.options`. The vocabulary is vocab.json next to the first training file, or the default
 corpus's (data.text.ensure_default_lm_data, `char` tokens) when no --train_data is given. Nothing random
 happens per example.
 """
@@ -27,6 +28,7 @@ from data import text as text_data
 from data.schema import DataError, Feature
 from models.transformer import transformer_lm
 from tasks.base import Task
+from tasks.lm_options import OPTIONS
 
 DEFAULT_TOKENS = "char"  # the default corpus's tokens (nanoGPT's shakespeare_char); own records say their own
 
@@ -40,10 +42,9 @@ class LanguageModel(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        options = config.task
-        self.layers, self.heads, self.width = int(options.layers), int(options.heads), int(options.width)
-        self.context, self.positions = int(options.context), str(options.positions)
-        self.dropout = float(options.dropout)
+        options = OPTIONS.values(config.task.option_dict)  # every argument, defaults filled in
+        self.layers, self.heads, self.width = options["layers"], options["heads"], options["width"]
+        self.context, self.positions, self.dropout = options["context"], options["positions"], options["dropout"]
         if self.context < 1:
             raise DataError(f"task lm: context ({self.context}) must be >= 1")
 

@@ -27,7 +27,8 @@ def tiny_model(monkeypatch):
     from benchmarks.harness import lm
     from trainer.settings.config import TaskConfig
 
-    monkeypatch.setattr(lm, "task_config", lambda setting: TaskConfig(name=setting.task, context=64, **TINY))
+    tiny = lambda setting: TaskConfig(name=setting.task, options={"context": 64, **TINY})  # noqa: E731
+    monkeypatch.setattr(lm, "task_config", tiny)
 
 
 @pytest.mark.quick
@@ -106,7 +107,7 @@ def test_padding_ways_batch_the_same_examples_with_less_padding(tmp_path):
     glob = lm_padding.write_records(str(tmp_path))
     import tasks
 
-    task_config = cfg.TaskConfig(name="lm", context=lm_padding.CONTEXT)
+    task_config = cfg.TaskConfig(name="lm", options={"context": lm_padding.CONTEXT})
     task = tasks.make_task(cfg.RunConfig(data=cfg.DataConfig(train_data=glob), task=task_config))
     # Batches of 2: at context 64, 70% of the records are full windows, so most larger batches hold one.
     makers = lm_padding.datasets(task, glob, batch_size=2, pool=4)

@@ -157,6 +157,7 @@ def test_the_map_names_where_each_decision_is_made_and_those_functions_exist():
         "the task count",
         "the task",
         "how the task's records are read",
+        "a built-in task's own arguments and rules (`--lm_width` ...; `--num_classes` with own records)",
         "the data settings",
         "the placement",
         "how a sync step runs its micro-batches",

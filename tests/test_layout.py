@@ -8,7 +8,9 @@ inside a function (a function-level import is the same dependency, only later):
 - inside trainer/, a module imports from its own floor or the floors below it, never from above;
 - launch/ and `trainer.settings` import no TensorFlow, so bad flags and Slurm's tools fail or run before it;
 - inside launch/, its rooms: `launch.submit` may read `launch.job`, and nothing but the tests and the benchmarks
-  reads `launch.testslurm` (a user's job never needs the test Slurm); trainer/ reads only `launch.job`.
+  reads `launch.testslurm` (a user's job never needs the test Slurm); trainer/ reads only `launch.job`;
+- the engine knows no task by name: no module under trainer/ names a built-in task in its code (comments and
+  docstrings aside); what a task is, it learns through `tasks`' interfaces.
 """
 
 from __future__ import annotations
@@ -250,3 +252,62 @@ def test_the_old_names_of_the_batch_shells_tool_still_run(tmp_path):
             [sys.executable, "-m", module, f"--model_dir={tmp_path}"], capture_output=True, text=True, env=env
         )
         assert (result.returncode, result.stdout) == (0, "=== towerflow: not a Slurm job: nothing to requeue\n")
+
+
+# The built-in tasks' names, classes and flags (tasks.BUILT_IN, tasks.lm_options), as words of code.
+TASK_NAMES = re.compile(r"\b(classify|Classify|lm|LanguageModel)\b|\blm_\w")
+
+
+def _named_tasks(path: pathlib.Path) -> list[str]:
+    """Each name or string of `path`'s code that names a built-in task: identifiers, attribute names, imported
+    names and string literals (help texts, messages, f-string parts); docstrings and comments are not code."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+        and isinstance(node.body[0].value.value, str)
+    }
+    words = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.append((node.lineno, node.value))
+        elif isinstance(node, ast.Name):
+            words.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute):
+            words.append((node.lineno, node.attr))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words.append((node.lineno, node.name))
+        elif isinstance(node, ast.alias):
+            words.append((getattr(node, "lineno", 0), f"{node.name} {node.asname or ''}"))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            words.append((node.lineno, node.module))
+    return [f"{path.relative_to(ROOT)}:{line}: {text!r}" for line, text in words if TASK_NAMES.search(text)]
+
+
+def test_no_trainer_module_names_a_built_in_task():
+    """A built-in task is a user task that ships with towerflow: its records, serving, arguments and rules are
+    found through `tasks` (the `Task` interface, `tasks.options`), never by the engine testing its name."""
+    named = [found for path in _modules("trainer") for found in _named_tasks(path)]
+    assert named == [], named
+
+
+def test_the_task_name_check_sees_a_name_in_code_and_not_in_a_docstring_or_comment(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""Docs may say --task=classify and --lm_width."""\n'
+        "# so may comments: lm\n"
+        "def f(task):\n"
+        '    """Nor here: LanguageModel."""\n'
+        '    return task.name == "lm" or f"--lm_width {task}" or task.classify\n'
+    )
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        found = _named_tasks(module)
+    finally:
+        ROOT = root
+    assert sorted(line.split(": ", 1)[1] for line in found) == ["'--lm_width '", "'classify'", "'lm'"]

@@ -146,7 +146,8 @@ def test_bad_sizes_are_one_line(bad):
 
 
 def _config(tmp_path, chars=CHARS, tokens="char", context=8, **task):
-    """A run config with the attributes the task reads, over a vocab.json written next to a train file."""
+    """A run config with what the task reads (its arguments in `task.option_dict`), over a vocab.json written next
+    to a train file."""
     (tmp_path / "train-00000-of-00001.tfrecord").write_bytes(b"")
     vocab = {"tokens": tokens, "context": context, "source_sha256": "ab" * 32}
     if tokens == "char":
@@ -154,7 +155,7 @@ def _config(tmp_path, chars=CHARS, tokens="char", context=8, **task):
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     options = dict(layers=1, heads=2, width=8, context=context, positions="learned", dropout=0.0) | task
     return types.SimpleNamespace(
-        task=types.SimpleNamespace(**options),
+        task=types.SimpleNamespace(option_dict=options),  # the task's own arguments (tasks.lm_options)
         data=types.SimpleNamespace(train_data=str(tmp_path / "train-*")),
         seed=0,
     )

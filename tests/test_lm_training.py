@@ -57,7 +57,7 @@ def _config(make_config, paragraphs, tmp_path, name: str, num_towers: int, **dat
         data={"train_data": paragraphs["train_data"], "eval_data": paragraphs["eval_data"], **data},
         optimizer={"name": "adamw", "learning_rate": 0.003},
     )
-    task = cfg.TaskConfig(name="lm", layers=2, heads=2, width=16, context=32)
+    task = cfg.TaskConfig(name="lm", options={"layers": 2, "heads": 2, "width": 16, "context": 32})
     return dataclasses.replace(config, task=task)
 
 
@@ -266,7 +266,7 @@ def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_o
 
     def config(num_stages, remat=False):
         base = _config(make_config, paragraphs, tmp_path, f"wide{num_stages}{remat}", 4)
-        task = dataclasses.replace(base.task, layers=4, heads=4, width=128)
+        task = dataclasses.replace(base.task, options={**base.task.option_dict, "layers": 4, "heads": 4, "width": 128})
         towers = dataclasses.replace(base.towers, pipeline_stages=num_stages, pipeline_remat=remat)
         runtime = dataclasses.replace(base.runtime, device_memory_mb=7)
         return dataclasses.replace(

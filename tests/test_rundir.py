@@ -218,3 +218,41 @@ def test_where_the_orders_agree_a_left_to_right_run_resumes(make_config, tmp_pat
     deterministic = towers.get("update_mode") != "async"  # async refuses --deterministic (its mode's check)
     _chain_run(make_config, tmp_path, towers=towers, deterministic=deterministic)
     rundir.check_resume(settle(make_config(towers=towers, deterministic=deterministic)), allow_changes=False)
+
+
+# What 0.7.0 recorded for every run, whatever its task: the language model's sizes were engine settings then.
+LM_SIZES_OF_070 = {
+    "task.layers": 4,
+    "task.heads": 4,
+    "task.width": 128,
+    "task.context": 64,
+    "task.positions": "learned",
+    "task.dropout": 0.0,
+}
+
+
+def _run_json(make_config, tmp_path, config, **recorded_changes):
+    """A model_dir with a checkpoint and `config`'s run.json, changed by `recorded_changes`."""
+    run = tmp_path / "run"
+    os.makedirs(run / "checkpoints")
+    (run / "checkpoints" / "ckpt-2.index").write_bytes(b"")
+    recorded = rundir.defining_settings(settle(config))
+    (run / rundir.RUN_FILE).write_text(json.dumps({**recorded, **recorded_changes}))
+    return run
+
+
+def test_the_language_models_sizes_define_an_lm_run_and_no_other(make_config, tmp_path):
+    """The sizes are the lm task's arguments: an lm run records them and refuses another width; a classification
+    run records none, and resumes a run.json of 0.7.0 that carries them."""
+    lm = make_config(task={"name": "lm"})
+    assert {k: v for k, v in rundir.defining_settings(settle(lm)).items() if k in LM_SIZES_OF_070} == LM_SIZES_OF_070
+    assert not set(rundir.defining_settings(settle(make_config()))) & set(LM_SIZES_OF_070)
+    run = _run_json(make_config, tmp_path, make_config(), **LM_SIZES_OF_070)
+    rundir.check_resume(settle(make_config()), allow_changes=False)  # classification, from 0.7.0
+    assert not set(json.loads((run / rundir.RUN_FILE).read_text())) & set(LM_SIZES_OF_070)
+    shutil.rmtree(run)
+    _run_json(make_config, tmp_path, lm)
+    rundir.check_resume(settle(lm), allow_changes=False)
+    wider = make_config(task={"name": "lm", "options": {"width": 64, "heads": 2}})
+    with pytest.raises(rundir.RunDirError, match=r"\(--lm_heads: 4 -> 2; --lm_width: 128 -> 64\)"):
+        rundir.check_resume(settle(wider), allow_changes=False)

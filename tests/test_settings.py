@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 from absl import flags
 
+import tasks
 from trainer.outputs import rundir
 from trainer.settings import config as cfg
 from trainer.settings import flags as tf_flags
@@ -15,6 +16,8 @@ from trainer.settings.resolve import resolve
 from trainer.step import modes
 
 NOT_FLAGS = {"flags_text", "towers.num_tasks", "data.augment_auto"}  # set by the entry point or by `resolve`
+# The built-in tasks' own arguments: rows of the table whose values live in `task.options` (the named task's).
+TASK_ARGUMENTS = {f.field for f in table.FLAGS if f.task}
 
 
 def _fields() -> set[str]:
@@ -29,7 +32,8 @@ def _fields() -> set[str]:
 
 
 def test_every_setting_is_one_row_of_the_table_and_every_row_one_setting():
-    assert set(table.BY_FIELD) == _fields() - NOT_FLAGS
+    assert set(table.BY_FIELD) - TASK_ARGUMENTS == _fields() - NOT_FLAGS - {"task.options"}
+    assert {f"task.{a.name}" for _, a in tasks.built_in_arguments()} == TASK_ARGUMENTS
     assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 74
     assert set(table.GROUPS) == {flag.group for flag in table.FLAGS}
     assert {flag.resume for flag in table.FLAGS} == {FIXED, FREE}
@@ -112,9 +116,37 @@ def test_resolve_decides_auto_augmentation_once_and_is_idempotent():
 
 def test_resume_records_exactly_the_fixed_settings():
     recorded = rundir.defining_settings(modes.settle(cfg.RunConfig()))
-    fixed = {f.field for f in table.FLAGS if f.resume == FIXED} - {"towers.micro_batches"}
+    fixed = {f.field for f in table.FLAGS if f.resume == FIXED and not f.task} - {"towers.micro_batches"}
     sync_free = {"towers.num_towers", "towers.num_tasks"}
     code = {"towers.gradient_order", "towers.loss_reduction"}  # recorded from the code, not a flag (rundir.CODE)
     assert set(recorded) == (fixed | {"towers.num_micro_batches"} | code) - sync_free
     assert recorded["data.normalize"] == "none" and recorded["towers.num_micro_batches"] == 1
     assert recorded["towers.gradient_order"] == "tree" and recorded["towers.loss_reduction"] == "weighted_sum"
+
+
+def test_a_built_in_tasks_arguments_are_its_own_settings():
+    """The language model's sizes: flags of the table, checked before TensorFlow, its settings only when --task
+    names it (run.json records them then, and a user task's does not)."""
+    lm = _parse("--task=lm", "--lm_width=64", "--lm_heads=2")
+    assert lm.task.option_dict == {
+        "layers": 4, "heads": 2, "width": 64, "context": 64, "positions": "learned", "dropout": 0.0
+    }  # fmt: skip
+    assert table.setting(lm, "task.width") == 64
+    assert _parse("--lm_width=64").task.options == ()  # the default task declares no such argument
+    user = _parse("--task=tests.tasks_example:Regression", "--lm_width=64")
+    assert user.task.options == ()
+    lm_recorded = rundir.defining_settings(modes.settle(resolve(cfg.RunConfig(task=cfg.TaskConfig(name="lm")))))
+    assert (lm_recorded["task.width"], lm_recorded["task.heads"]) == (128, 4)
+    user_recorded = rundir.defining_settings(modes.settle(resolve(user)))
+    assert not [k for k in user_recorded if k in TASK_ARGUMENTS]
+    with pytest.raises(cfg.ConfigError, match=r"^--lm_heads \(3\) must divide --lm_width \(64\)$"):
+        resolve(_parse("--task=lm", "--lm_width=64", "--lm_heads=3"))
+    with pytest.raises(cfg.ConfigError, match=r"^--lm_dropout \(1.5\) must be in \[0, 0.99\]$"):
+        resolve(_parse("--task=lm", "--lm_dropout=1.5"))
+
+
+def test_the_language_models_positions_are_the_models():
+    from models import transformer  # noqa: PLC0415 (Keras)
+    from tasks import lm_options  # noqa: PLC0415
+
+    assert lm_options.POSITIONS == transformer.POSITIONS

@@ -32,7 +32,7 @@ TOKENS, LENGTHS = text_data.TOKENS_KEY, text_data.TOKENS_KEY + "_length"
 
 def task_config(setting: Setting) -> TaskConfig:
     """The setting's task at the task's default sizes, its context from the records' length."""
-    return TaskConfig(name=setting.task, context=setting.example_shape[0] - 1)
+    return TaskConfig(name=setting.task, options={"context": setting.example_shape[0] - 1})
 
 
 def make_task(setting: Setting, records: dict) -> tasks.Task:

@@ -104,7 +104,7 @@ def build_ways(towers: int, batch: int, pool: int, model_dir: str, context: int 
     train_glob = write_records(model_dir, context)
     config = cfg.RunConfig(
         data=cfg.DataConfig(train_data=train_glob, eval_data=train_glob.replace("train-*", "eval-*")),
-        task=cfg.TaskConfig(name="lm", context=context),
+        task=cfg.TaskConfig(name="lm", options={"context": context}),
         optimizer=cfg.OptimizerConfig(name="momentum", learning_rate=reference.LEARNING_RATE, schedule="constant"),
         towers=cfg.TowerConfig(num_towers=towers, device="cpu", parameter_device="cpu", global_batch_size=batch),
         loop=cfg.LoopConfig(model_dir=os.path.join(model_dir, "run"), train_steps=10**9),

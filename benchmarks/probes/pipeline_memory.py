@@ -76,7 +76,8 @@ def _build(task: str, num_stages: int, micro_batches: int, schedule: str, remat:
     )
     loop = cfg.LoopConfig(model_dir=f"/tmp/pipeline_memory_{task}_{remat}", train_steps=1000, export=False)
     model = cfg.ModelConfig(name="cnn")
-    lm = cfg.TaskConfig(name=task, layers=4, heads=4, width=128, context=CONTEXT)
+    sizes = {"layers": 4, "heads": 4, "width": 128, "context": CONTEXT} if task == "lm" else {}  # lm's arguments
+    lm = cfg.TaskConfig(name=task, options=sizes)
     config = cfg.RunConfig(towers=towers, loop=loop, model=model, task=lm, optimizer=cfg.OptimizerConfig(name="adam"))
     return build(config)
 

@@ -1,8 +1,10 @@
-"""How a run reads its task's records: one reader per kind (`tasks.Task.records`), chosen once in `build`.
+"""How a run reads its task's records: one reader per kind of records, which the task chooses
+(`tasks.Task.records`), once in `build`. A kind is what the records hold, not a task: any task may pick either.
 
-- `ClassifyRecords` ("classify"): images and dense vectors through the built-in pipeline (`data.pipeline`):
-  schema auto-detection, decoding, augmentation, normalization, the decoded cache, the digits by default, and
-  the serving signatures that repeat eval's preprocessing (`trainer.outputs.serving_classify`).
+- `LabeledRecords` ("labeled"): images and dense vectors, each with a class label, through the built-in
+  pipeline (`data.pipeline`): schema auto-detection, decoding, augmentation, normalization, the decoded
+  cache, the digits by default, and the serving signatures of a model of class logits, which repeat eval's
+  preprocessing (`trainer.outputs.serving_labeled`). The task is told what the records hold (`task.bind`).
 - `FeatureRecords` ("features"): a task's own records, read by its `features()` and `preprocess`
   (`data.feature_training_dataset`), variable-length features padded per batch; its own `serving`.
 
@@ -17,14 +19,15 @@ import data
 from trainer.loop.inputs import Inputs, resolve_inputs
 from trainer.loop.lookups import explain_lookup
 from trainer.outputs.export import TaskServing
-from trainer.outputs.serving_classify import Serving as ClassifyServing
+from trainer.outputs.serving_labeled import Serving as LabeledServing
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings, data_settings
 from trainer.step import footprint
 
 
-class ClassifyRecords:
-    """Images and dense vectors, for `tasks.classify.Classify`."""
+class LabeledRecords:
+    """Images and dense vectors with class labels. The task that picks them has `bind(example_shape,
+    num_classes)` and a model of class logits (the signatures' outputs)."""
 
     position_size = 2  # a stream's position: (epoch, record)
     padded_length = 1  # images and vectors have no variable length
@@ -37,10 +40,17 @@ class ClassifyRecords:
         """Finds and inspects the records (the digits without --train_data); tells the task their shape.
 
         Raises:
-          data.DataError: no records, unreadable records, --group_by_length (images and vectors have no length).
+          data.DataError: no records, unreadable records, --group_by_length (images and vectors have no length),
+            own records without --num_classes.
         """
-        if self.config.data.group_by_length:
-            raise data.DataError("--group_by_length is for a task's variable-length records, not --task=classify")
+        d = self.config.data
+        if d.group_by_length:
+            raise data.DataError(
+                f"--group_by_length is for a task's variable-length records, not --task={self.config.task.name}'s "
+                "images and vectors"
+            )
+        if d.train_data and d.num_classes < 2:  # the built-in task refuses it before TensorFlow already
+            raise data.DataError(f"--num_classes ({d.num_classes}) must be given (>= 2) with --train_data")
         inputs = resolve_inputs(self.config.data)
         self.task.bind(inputs.train.example_shape, inputs.num_classes)
         return inputs
@@ -77,7 +87,7 @@ class ClassifyRecords:
         return data.eval_dataset(inputs.eval, stream)
 
     def serving(self, inputs: Inputs, settings: DataSettings):
-        return ClassifyServing(inputs.train, inputs.num_classes, settings.preprocess)
+        return LabeledServing(inputs.train, inputs.num_classes, settings.preprocess)
 
     def explain_failure(self, error: BaseException, what: str):
         """What a step's (or eval's) error says about the data, as a DataError, or None: nothing here."""
@@ -171,7 +181,7 @@ def _feature(feature: data.Feature) -> str:
     return f"{feature.dtype} {list(feature.shape)}"
 
 
-READERS = {"classify": ClassifyRecords, "features": FeatureRecords}
+READERS = {"labeled": LabeledRecords, "features": FeatureRecords}
 
 
 def reader_for(task, config: RunConfig):

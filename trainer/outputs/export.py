@@ -1,7 +1,7 @@
 """The serving export: `model_dir/export/<global_step>/`, a SavedModel whose signatures state their input.
 
 TF Serving's layout (one numbered directory per version under `--model_base_path=model_dir/export`). What the
-signatures are is the task's (a `Serving`: `trainer.outputs.serving_classify` for images and vectors,
+signatures are is the task's (a `Serving`: `trainer.outputs.serving_labeled` for labeled images and vectors,
 `TaskServing` for a task's own `serving`); `assets.extra/towerflow_serving.json` records the same contract as
 data.
 

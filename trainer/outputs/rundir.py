@@ -17,6 +17,7 @@ import json
 import os
 import socket
 
+import tasks
 from trainer.outputs import checkpoint_files, report
 from trainer.settings import table
 from trainer.settings.config import ConfigError, Normalization, RunConfig, flatten
@@ -102,7 +103,8 @@ def defining_settings(plan: Plan) -> dict:
 
 def _defining(config: RunConfig, may_change: frozenset[str]) -> dict:
     flat = flatten(config)
-    names = [f.field for f in table.FLAGS if f.resume == FIXED and f.field != "towers.micro_batches"]
+    names = [f.field for f in table.FLAGS if f.resume == FIXED and f.field != "towers.micro_batches" and not f.task]
+    names += [f"task.{name}" for name, _ in config.task.options]  # the run's task's own arguments, as task.<name>
     defining = {k: flat[k] for k in (*names, *DERIVED) if k not in may_change}
     if "towers.num_micro_batches" not in may_change:
         defining["towers.num_micro_batches"] = config.towers.num_micro_batches
@@ -143,7 +145,7 @@ def check_resume(plan: Plan, allow_changes: bool, log=print, task_facts: dict | 
     current = {**defining_settings(plan), **{f"task.{k}": _jsonable(v) for k, v in (task_facts or {}).items()}}
     if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
         recorded = _recorded_settings(path)
-        free = plan.mode.resume_may_change
+        free = plan.mode.resume_may_change | _other_tasks_arguments(recorded, current)
         changed = sorted(k for k in (set(recorded) | set(current)) - free if recorded.get(k) != current.get(k))
         changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:
@@ -157,6 +159,14 @@ def check_resume(plan: Plan, allow_changes: bool, log=print, task_facts: dict | 
             log(f"resuming with changed settings (--allow_flag_changes): {changes}")
         _warn_if_schedule_stretched(config, log)
     report.write_json(path, current)
+
+
+def _other_tasks_arguments(recorded: dict, current: dict) -> set[str]:
+    """The `task.<name>` keys of built-in tasks' arguments that a run.json of 0.7.0 or earlier recorded for
+    every run (the language model's sizes were engine settings then) and that are not the run's task's: not
+    its settings, so not compared."""
+    others = {f"task.{a.name}" for name, a in tasks.built_in_arguments() if name != recorded.get("task.name")}
+    return {k for k in others if k in recorded and k not in current}
 
 
 def _recorded_settings(path: str) -> dict:

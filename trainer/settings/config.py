@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import tasks
+
 DEVICE_KINDS = ("gpu", "cpu")
 PARAMETER_DEVICES = ("gpu", "cpu", "spread")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 UPDATE_MODES = ("sync", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "piecewise")
-POSITIONS = ("learned", "rotary")
 RECORD_SCHEMAS = ("auto", "image", "dense")
 MIXED_PRECISION = ("", "bf16", "fp16")
 AUGMENTS = ("auto", "none", "flip", "crop_flip", "imagenet")
@@ -150,21 +151,27 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """The workload (`tasks`): which task, its own options, and the built-in language model's sizes."""
+    """The workload (`tasks`): which task, and its own options. The engine knows no task by name: a built-in
+    task declares its typed arguments (`tasks.options`), whose values `options` holds (the named task's only,
+    every one of them once `resolve` has run); a user task reads `--task_args`."""
 
-    name: str = "classify"  # a built-in task (tasks.BUILT_IN) or "package.module:Class"
+    name: str = tasks.DEFAULT  # a built-in task (tasks.BUILT_IN) or "package.module:Class"
     args: tuple[tuple[str, str], ...] = ()  # --task_args=key=value,...: a user task's own options, as text
-    layers: int = 4  # --task=lm: Transformer blocks
-    heads: int = 4
-    width: int = 128
-    context: int = 64  # tokens a prediction sees
-    positions: str = "learned"  # learned or rotary
-    dropout: float = 0.0
+    options: tuple[tuple[str, object], ...] = ()  # a built-in task's declared arguments; a dict is accepted
+
+    def __post_init__(self):
+        if isinstance(self.options, dict):  # TaskConfig(name=..., options={"width": 64}): one spelling, sorted
+            object.__setattr__(self, "options", tuple(sorted(self.options.items())))
 
     @property
     def arg_dict(self) -> dict[str, str]:
         """--task_args as a dict."""
         return dict(self.args)
+
+    @property
+    def option_dict(self) -> dict[str, object]:
+        """The task's declared arguments as a dict (`tasks.options.Options.values` fills in the defaults)."""
+        return dict(self.options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,13 +298,16 @@ class RunConfig:
 
 
 def flatten(config: RunConfig) -> dict:
-    """The run's settings as one flat dict (`towers.num_towers`, `optimizer.learning_rate`, `seed`, ...)."""
+    """The run's settings as one flat dict (`towers.num_towers`, `optimizer.learning_rate`, `seed`, ...); the
+    task's declared arguments each as `task.<name>` (`task.width`), as a run of 0.7.0 recorded them."""
     flat = {}
     for group, values in dataclasses.asdict(config, dict_factory=_with_normalization_text).items():
         if isinstance(values, dict):
             flat.update({f"{group}.{k}": v for k, v in values.items()})
         elif group != "flags_text":
             flat[group] = values
+    del flat["task.options"]
+    flat.update({f"task.{k}": v for k, v in config.task.options})
     return flat
 
 

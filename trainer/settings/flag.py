@@ -14,7 +14,11 @@ FIXED, FREE = "fixed", "free"  # a resume may not (may) change the setting (`--a
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """One flag. `check(value)` returns what is wrong with a (parsed) value, or "" (`trainer.settings.validate`
-    prefixes the flag); `parse(text or list)` turns absl's value into the setting's, raising ConfigError."""
+    prefixes the flag); `parse(text or list)` turns absl's value into the setting's, raising ConfigError.
+
+    A row with `task` is a built-in task's own argument (`tasks.options.Argument`): its value lives in
+    `config.task.options` (`field` is "task.<argument>") when --task names that task, its default is `default`,
+    and the task checks it (`tasks.check_settings`)."""
 
     name: str
     field: str  # "group.field" of RunConfig, or a top-level field ("seed")
@@ -24,6 +28,8 @@ class Flag:
     choices: tuple = ()
     check: Callable[[object], str] | None = None
     parse: Callable[[object], object] | None = None
+    task: str = ""  # the built-in task whose argument this row is; "" for the engine's own settings
+    default: object = None  # a task argument's default (an engine setting's is its dataclass default)
 
 
 def at_least(bound: int, note: str = "") -> Callable[[object], str]:

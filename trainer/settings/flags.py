@@ -35,7 +35,7 @@ def define_flags() -> None:
 
 def _define(flag: Flag) -> None:
     """One absl flag: its kind and default follow the setting's dataclass default (a tuple or None is a list)."""
-    value = table.setting(cfg.RunConfig(), flag.field)
+    value = flag.default if flag.task else table.setting(cfg.RunConfig(), flag.field)
     text = table.help_text(flag)
     if flag.choices:
         flags.DEFINE_enum(flag.name, value, list(flag.choices), text)
@@ -62,10 +62,17 @@ def config_from_flags(values) -> cfg.RunConfig:
     """
     groups: dict[str, dict] = {}
     top: dict = {}
+    options = {}  # the named task's own arguments (a built-in's); other tasks' flags are not its settings
+    task_name = values[table.BY_FIELD["task.name"].name].value
     for flag in table.FLAGS:
         value = _parsed(flag, values[flag.name].value)
         group, _, field = flag.field.rpartition(".")
+        if flag.task:
+            if flag.task == task_name:
+                options[field] = value
+            continue
         (groups.setdefault(group, {}) if group else top)[field] = value
+    groups["task"]["options"] = tuple(sorted(options.items()))
     default = cfg.RunConfig()
     made = {name: dataclasses.replace(getattr(default, name), **fields) for name, fields in groups.items()}
     return dataclasses.replace(default, **made, **top)

@@ -1,10 +1,11 @@
-"""Rows of the flag table (`trainer.settings.table`) for the workload: the task, its options, and the built-in
-language model's sizes (`tasks`)."""
+"""Rows of the flag table (`trainer.settings.table`) for the workload: the task, a user task's options, and the
+built-in tasks' own arguments, one row each, learned from their declarations (`tasks.built_in_arguments`)."""
 
 from __future__ import annotations
 
+import tasks
 from trainer.settings import config as cfg
-from trainer.settings.flag import Flag, at_least, in_range
+from trainer.settings.flag import Flag, at_least
 
 
 def task_args(values) -> tuple[tuple[str, str], ...]:
@@ -24,14 +25,7 @@ def task_args(values) -> tuple[tuple[str, str], ...]:
 def task() -> list[Flag]:
     g = "task"
     return [
-        Flag(
-            "task",
-            "task.name",
-            g,
-            "The workload. classify: images or vectors with softmax cross-entropy and accuracy (--model). lm: a "
-            "decoder-only Transformer language model over text records (python -m data.prepare text; without "
-            "--train_data the built-in corpus). Or 'package.module:Class', a subclass of tasks.Task (docs/tasks.md).",
-        ),
+        Flag("task", "task.name", g, tasks.task_help()),
         Flag(
             "group_by_length",
             "data.group_by_length",
@@ -42,16 +36,19 @@ def task() -> list[Flag]:
             check=at_least(0),
         ),
         Flag("task_args", "task.args", g, "A user task's own options: KEY=VALUE,... (strings).", parse=task_args),
-        Flag("lm_layers", "task.layers", g, "--task=lm: Transformer blocks.", check=at_least(1)),
-        Flag("lm_heads", "task.heads", g, "--task=lm: attention heads; they divide --lm_width.", check=at_least(1)),
-        Flag("lm_width", "task.width", g, "--task=lm: the model width (embedding size).", check=at_least(1)),
-        Flag(
-            "lm_context",
-            "task.context",
-            g,
-            "--task=lm: tokens a prediction sees; records hold up to this + 1 tokens.",
-            check=at_least(1),
-        ),
-        Flag("lm_positions", "task.positions", g, "--task=lm: position encoding.", choices=cfg.POSITIONS),
-        Flag("lm_dropout", "task.dropout", g, "--task=lm: dropout rate, in [0, 1).", check=in_range(0, 0.99)),
+        *(_argument(name, argument) for name, argument in tasks.built_in_arguments()),
     ]
+
+
+def _argument(task_name: str, argument: tasks.Argument) -> Flag:
+    """A built-in task's argument as a row: the task checks its value (`tasks.check_settings`)."""
+    return Flag(
+        argument.flag,
+        f"task.{argument.name}",
+        "task",
+        argument.help,
+        choices=argument.choices,
+        check=argument.problem,
+        task=task_name,
+        default=argument.default,
+    )

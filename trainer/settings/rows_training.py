@@ -225,8 +225,8 @@ def model_and_optimizer() -> list[Flag]:
             "model",
             "model.name",
             "model",
-            "--task=classify's model: built-in (mlp, cnn, resnet20, resnet50) or "
-            "'package.module:function' returning a Keras model for (input_shape, num_classes).",
+            "The model of a task that trains one by name (the built-in classification task's): built-in (mlp, cnn, "
+            "resnet20, resnet50) or 'package.module:function' returning a Keras model for (input_shape, num_classes).",
         ),
         Flag("optimizer", "optimizer.name", g, "Optimizer (momentum: SGD with --momentum).", choices=cfg.OPTIMIZERS),
         Flag(

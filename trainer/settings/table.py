@@ -20,7 +20,7 @@ GROUPS = {
     "pipeline": "a model too large for one device, cut into stages",
     "data": "training and eval records",
     "augmentation": "what training images look like, and the decoded-record cache",
-    "task": "the workload: classification, the language model, or your own tasks.Task",
+    "task": "the workload: a built-in task and its own arguments, or your own tasks.Task",
     "model": "what is trained",
     "optimizer": "update rule and learning-rate schedule",
     "loop and outputs": "how long, how often, what model_dir gets",
@@ -64,7 +64,11 @@ def help_text(flag: Flag) -> str:
 
 
 def setting(config: cfg.RunConfig, field: str):
-    """The value of `field` ("group.field" or a top-level field) in `config`."""
+    """The value of `field` ("group.field" or a top-level field) in `config`; a task argument's ("task.width")
+    is in the task's options, or its default."""
+    row = BY_FIELD.get(field)
+    if row is not None and row.task:
+        return config.task.option_dict.get(field.partition(".")[2], row.default)
     value = config
     for part in field.split("."):
         value = getattr(value, part)

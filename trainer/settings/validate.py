@@ -6,6 +6,7 @@ Rules that belong to one update mode are the mode's (`trainer.step.modes`).
 
 from __future__ import annotations
 
+import tasks
 from trainer.settings import config as cfg
 from trainer.settings import table
 
@@ -23,6 +24,8 @@ def validate(config: cfg.RunConfig) -> cfg.RunConfig:
       ConfigError: naming the offending flag, its value, and what to change.
     """
     for flag in table.FLAGS:
+        if flag.task:  # a task's own argument: the task checks it (`_task`)
+            continue
         value = table.setting(config, flag.field)
         if flag.choices:
             require(value in flag.choices, f"--{flag.name} ({value!r}) must be one of {flag.choices}")
@@ -31,8 +34,8 @@ def validate(config: cfg.RunConfig) -> cfg.RunConfig:
     _towers(config.towers)
     _optimizer(config.optimizer, config.loop.train_steps)
     _loop(config.loop)
-    _task(config.task)
-    _data(config.data, config.task.name)
+    _task(config)
+    _data(config.data)
     _runtime(config.runtime, config.towers.device, config.deterministic)
     return config
 
@@ -106,9 +109,13 @@ def _task_counts(micro_batches: int, towers_per_task: int) -> str:
     return f"; with --num_gpus={towers_per_task}, these numbers of tasks do: {', '.join(map(str, counts))}"
 
 
-def _task(t: cfg.TaskConfig) -> None:
-    require(t.width % t.heads == 0, f"--lm_heads ({t.heads}) must divide --lm_width ({t.width})")
-    require(bool(t.name), "--task must name a task: classify, lm or 'package.module:Class'")
+def _task(config: cfg.RunConfig) -> None:
+    """The task's own checks, before TensorFlow: a built-in's declared arguments and its rules on the run's
+    settings (`tasks.check_settings`: e.g. the language model's heads dividing its width)."""
+    names = ", ".join(sorted(tasks.BUILT_IN))
+    require(bool(config.task.name), f"--task must name a task: {names} or 'package.module:Class'")
+    problem = tasks.check_settings(config)
+    require(not problem, problem)
 
 
 def _optimizer(o: cfg.OptimizerConfig, train_steps: int) -> None:
@@ -141,11 +148,8 @@ def _loop(lp: cfg.LoopConfig) -> None:
         )
 
 
-def _data(d: cfg.DataConfig, task: str) -> None:
-    # --num_classes belongs to the classification task (the one whose records carry class labels); every other
-    # task's records are checked against its own features when they are read (`trainer.loop.records`).
-    if d.train_data and task == "classify":
-        require(d.num_classes >= 2, f"--num_classes ({d.num_classes}) must be given (>= 2) with --train_data")
+def _data(d: cfg.DataConfig) -> None:
+    # --num_classes is asked by the task whose records carry class labels (its rule, in `_task`).
     if d.train_data:
         require(bool(d.eval_data), "--eval_data must be given with --train_data (file glob of held-out records)")
     else:

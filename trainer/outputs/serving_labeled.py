@@ -1,4 +1,5 @@
-"""The classification task's signatures: each does in-graph what the eval input pipeline does, with the run's
+"""The signatures of a model of class logits over labeled images or vectors (`trainer.loop.records`'s
+`LabeledRecords`, whichever task reads them): each does in-graph what the eval input pipeline does, with the run's
 own resolved preprocessing (the `data.Preprocess` object eval uses: `trainer.settings.preprocess.DataSettings`),
 so a client never has to guess: `serving_default` decodes encoded images (`data.serving_images`);
 `predict_uint8` takes images decoded at (H, W), `predict_float` the same divided by 255
