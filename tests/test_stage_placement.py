@@ -85,7 +85,7 @@ def test_the_number_of_names_must_be_one_less_than_the_stages():
 
 @pytest.mark.quick
 def test_eval_runs_each_stage_of_a_parts_pipeline_on_its_device_with_the_whole_models_outputs():
-    from trainer.step import runners
+    from trainer.step.sync import runners
 
     model = _cnn()
     towers = [f"/device:CPU:{i}" for i in range(4)]

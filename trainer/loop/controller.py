@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from trainer.outputs import progress as progress_lib
 from trainer.settings.config import LoopConfig
-from trainer.step.updater import Updater
+from trainer.step.stepper import Updater
 from trainer.system import stop as stop_lib
 
 
@@ -36,7 +36,7 @@ class Loop:
     """Drives an update mode to `config.train_steps`.
 
     Args:
-      updater: the update mode's `trainer.step.updater.Updater`.
+      updater: the update mode's `trainer.step.stepper.Updater`.
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.

@@ -19,7 +19,7 @@ from trainer.outputs.export import TaskServing
 from trainer.outputs.serving_classify import Serving as ClassifyServing
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings, data_settings
-from trainer.step import footprint
+from trainer.step.memory import estimate as footprint
 
 
 class ClassifyRecords:
@@ -97,7 +97,7 @@ class FeatureRecords:
         self.position_size = 3 if self.group_batches > 1 else 2
         # The shortest length a padded batch has: its variable-length features' smallest bucket.
         self.padded_length = min((f.buckets[0] for _, f in self.schema.features if f.variable), default=1)
-        # The longest: what a step's memory is counted at (`trainer.step.stepmemory`).
+        # The longest: what a step's memory is counted at (`trainer.step.memory.device_memory`).
         self.longest_length = max((f.buckets[-1] for _, f in self.schema.features if f.variable), default=1)
 
     def resolve(self) -> Inputs:

@@ -184,12 +184,12 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """How a model is cut into pipeline stages and run through them (`trainer.step.pipeline`); 1 stage: none."""
+    """How a model is cut into pipeline stages and run through them (`trainer.step.pipeline.runner`); 1 stage: none."""
 
     stages: int = 1  # S
     schedule: str = "1f1b"
     cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (`models.stages.cut`); empty: by bytes
-    remat: bool = False  # a stage keeping several micro-batches recomputes its forward (`trainer.step.stagepass`)
+    remat: bool = False  # a stage keeping several micro-batches recomputes its forward (`trainer.step.pipeline`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,11 +205,11 @@ class TowerConfig:
     max_staleness: int = -1  # async: bound on an update's staleness; negative: unbounded
     jit_compile: bool = False  # XLA-compile the step
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
-    pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline)
+    pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline.runner)
     pipeline_schedule: str = "1f1b"
     pipeline_cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (models.stages.cut); empty: by bytes
-    pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.stagepass)
-    fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
+    pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.pipeline)
+    fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.transfers)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.cluster); not a flag
 
     @property
@@ -249,7 +249,7 @@ class LoopConfig:
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
     max_requeues: int = 3  # Slurm: requeues in a row without a step trained (see launch/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/outputs/rundir.py)
-    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.calls); 0: auto
+    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.core.calls); 0: auto
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """The update modes: what differs between sync and async, in one place. A third mode implements `UpdateMode`
-(and an `trainer.step.updater.Updater`) and registers in `MODES`; nothing else branches on --update_mode.
+(and an `trainer.step.stepper.Updater`) and registers in `MODES`; nothing else branches on --update_mode.
 
 `settle` makes a run's decisions that need no TensorFlow once, at the entry point: the settings resolved and
 checked, and the `UpdateMode` object, in one `Plan` that `train` and `build` take and pass down. Nothing else
 looks this run's mode up by name.
 
 No TensorFlow import at module level: the entry point checks settings (`UpdateMode.check`) before TensorFlow
-is imported, which takes seconds. The steppers (`trainer.step.sync`, `trainer.step.asynchronous`) are imported
-by `build`.
+is imported, which takes seconds. The steppers (`trainer.step.sync`, `trainer.step.asynchronous`) are imported by
+`build`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 
 from trainer.settings.config import ConfigError, RunConfig
 from trainer.settings.resolve import resolve
-from trainer.step.updater import Updater
+from trainer.step.stepper import Updater
 
 log = logging.getLogger("towerflow")
 
@@ -40,10 +40,10 @@ class UpdateMode(abc.ABC):
         """The tower of each training input stream, in stream order (each stream is read on its tower's host)."""
 
     def make_optimizer(self, config: RunConfig, global_step):
-        """The optimizer, its learning rate a function of `global_step` (`trainer.step.optim.make_optimizer`)."""
-        from trainer.step import optim
+        """The optimizer, its learning rate a function of `global_step` (`optimizers.make_optimizer`)."""
+        from trainer.step.update import optimizers
 
-        return optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
+        return optimizers.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
 
     def hparams(self, config: RunConfig) -> dict:
         """The HParams this mode adds to `trainer.outputs.summaries.run_hparams`."""
@@ -72,7 +72,7 @@ class SyncMode(UpdateMode):
         return [tower_of_micro_batch(j, k, num_towers) for j in range(k)]
 
     def run_metrics(self, config: RunConfig, updater: Updater) -> dict:
-        """The variables kept on every task, their gradients all-reduced (`trainer.step.mirrors`)."""
+        """The variables kept on every task, their gradients all-reduced (`trainer.step.transfers.mirrors`)."""
         variables = updater.model.trainable_variables
         return {
             "mirrored_variables": [variables[i].path for i in updater.mirrors.indices],
@@ -80,8 +80,8 @@ class SyncMode(UpdateMode):
         }
 
     def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        from trainer.step import optim
-        from trainer.step.sync import SyncUpdate
+        from trainer.step.sync.sync_update import SyncUpdate
+        from trainer.step.update import optimizers
 
         return SyncUpdate(
             task,
@@ -95,7 +95,7 @@ class SyncMode(UpdateMode):
             jit_compile=config.towers.jit_compile,
             steps_per_call=config.loop.steps_per_call,
             profile_steps=config.loop.profile_steps,
-            make_optimizer=lambda: optim.with_precision(
+            make_optimizer=lambda: optimizers.with_precision(
                 self.make_optimizer(config, global_step), config.towers.mixed_precision
             ),
             pipeline=config.towers.pipeline,
@@ -104,7 +104,7 @@ class SyncMode(UpdateMode):
 
 
 class AsyncMode(UpdateMode):
-    """Every tower updates on its own, one micro-batch per update (`trainer.step.asynchronous`)."""
+    """Every tower updates on its own, one micro-batch per update (`trainer.step.asynchronous.async_update`)."""
 
     name = "async"
     resume_may_change = frozenset({"towers.gradient_order"})  # no sum of gradients: each update is one's own
@@ -142,11 +142,11 @@ class AsyncMode(UpdateMode):
 
     def make_optimizer(self, config: RunConfig, global_step):
         """Scales each update's learning rate by 1/K (K updates ~ one sync step) and lowers the explicit
-        momentum by what asynchrony adds (`optim.async_momentum`)."""
-        from trainer.step import optim
+        momentum by what asynchrony adds (`optimizers.async_momentum`)."""
+        from trainer.step.update import optimizers
 
         t = config.towers
-        momentum = optim.async_momentum(config.optimizer.momentum, t.total_towers)
+        momentum = optimizers.async_momentum(config.optimizer.momentum, t.total_towers)
         if config.optimizer.name == "momentum":
             log.warning(
                 "async: explicit momentum %.3g instead of %.3g (N=%d towers add implicit momentum)",
@@ -154,7 +154,7 @@ class AsyncMode(UpdateMode):
                 config.optimizer.momentum,
                 t.total_towers,
             )
-        return optim.make_optimizer(
+        return optimizers.make_optimizer(
             config.optimizer,
             config.loop.train_steps,
             global_step,
@@ -178,7 +178,7 @@ class AsyncMode(UpdateMode):
         }
 
     def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        from trainer.step.asynchronous import AsyncUpdate
+        from trainer.step.asynchronous.async_update import AsyncUpdate
 
         return AsyncUpdate(
             task,

@@ -3,14 +3,14 @@
 A tower reads the current variables from the parameter device, computes the gradient of one micro-batch on
 its device, and applies it at once with the optimizer. No averaging, no barrier between towers. The apply
 (optimizer update, BatchNorm statistics, global step + 1) is one critical section, a mutex in the graph
-(`trainer.step.async_graph`): the update lands whole and the step counts it exactly once. Keras's
+(`trainer.step.asynchronous.graph`): the update lands whole and the step counts it exactly once. Keras's
 `Variable.assign_add` is a non-atomic read-modify-write that loses increments when threads race (see the
 tests), so the step is a raw `tf.Variable` advanced only inside the critical section. Not deterministic: the
 order of updates depends on thread timing.
 
 Without a staleness bound a tower runs several updates per `tf.function` call (an in-graph loop, as sync runs
 several steps per call) and reads their results on the host once per call. With `--max_staleness` the gate
-orders every update (`trainer.step.staleness`), so a tower makes one call to compute and one to apply.
+orders every update (`trainer.step.asynchronous.gate`), so a tower makes one call to compute and one to apply.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainer.step import async_graph
-from trainer.step import towers as tw
-from trainer.step.calls import MAX_AUTO_STEPS, CallSize
-from trainer.step.staleness import Gate, Stopped, TowerFailed
-from trainer.step.updater import StepResult, Updater
+from trainer.step.asynchronous import graph
+from trainer.step.asynchronous.gate import Gate, Stopped, TowerFailed
+from trainer.step.core import micro_batch as mb
+from trainer.step.core.calls import MAX_AUTO_STEPS, CallSize
+from trainer.step.stepper import StepResult, Updater
 from trainer.system.devices import Placement
 from trainer.system.stop import Diverged
 
@@ -38,7 +38,7 @@ class AsyncUpdate(Updater):
     Args:
       task, model, optimizer, placement, global_step: as for `SyncUpdate`.
       iterators: one per tower, each yielding micro-batches of that tower's share of the input.
-      max_staleness: bound on staleness (see `trainer.step.staleness`); negative for none.
+      max_staleness: bound on staleness (see `trainer.step.asynchronous.gate`); negative for none.
       clip_global_norm: clip each update's gradient to this global norm; 0 turns clipping off.
       jit_compile: XLA-compile each tower's forward and backward pass.
     """
@@ -62,11 +62,11 @@ class AsyncUpdate(Updater):
         self.iterators = list(iterators)
         self.clip_global_norm = clip_global_norm
         self.task = task
-        self.examples_per_step = tw.batch_size(self.iterators[0].element_spec)
+        self.examples_per_step = mb.batch_size(self.iterators[0].element_spec)
         with tf.device(placement.host):  # read by the towers' in-graph loops before every update
             self.halt = tf.Variable(False, trainable=False, name="async_halt")
         self.gate = Gate(max_staleness, halt=lambda: self.halt.assign(True))
-        self.graph = async_graph.TowerGraph(
+        self.graph = graph.TowerGraph(
             task,
             model,
             optimizer,
@@ -75,12 +75,12 @@ class AsyncUpdate(Updater):
             self.iterators,
             self.halt,
             clip_global_norm,
-            tw.micro_batch_fn(task, model, jit_compile),  # called under the tower's device scope
+            mb.micro_batch_fn(task, model, jit_compile),  # called under the tower's device scope
         )
         self._make_calls(len(placement.towers))
         self._call_sizes = [CallSize() for _ in placement.towers]
         self._land_lock = threading.Lock()
-        self._records: list[tuple] = []  # each update's record of the window (`async_graph.record_dtypes`)
+        self._records: list[tuple] = []  # each update's record of the window (`graph.record_dtypes`)
         self._tower_sec = [[] for _ in placement.towers]
         self._last = (-1, None, None)  # (step, learning rate, gradients) of the window's latest update
         self._keep_gradients = False
@@ -135,9 +135,9 @@ class AsyncUpdate(Updater):
 
     def _metrics(self, records: list[tuple]) -> dict:
         """The task's metrics over the window's updates: each metric's sums over its counts."""
-        names, first = self.task.metric_names, len(async_graph.RECORD_DTYPES)
+        names, first = self.task.metric_names, len(graph.RECORD_DTYPES)
         sums = np.sum([r[first:] for r in records], axis=0) if names else []
-        return tw.metric_values({n: (sums[i], sums[len(names) + i]) for i, n in enumerate(names)})
+        return mb.metric_values({n: (sums[i], sums[len(names) + i]) for i, n in enumerate(names)})
 
     @property
     def steps_finished(self) -> int:
@@ -212,7 +212,7 @@ class AsyncUpdate(Updater):
         loss, metrics, grads, non_trainable, read_step = self.compute_call(tower)
         self.gate.wait_turn(tickets[0])
         m = self.apply_call(loss, grads, non_trainable, read_step)
-        records = [tf.reshape(v, [1]) for v in async_graph.record_values(m, loss, metrics)]
+        records = [tf.reshape(v, [1]) for v in graph.record_values(m, loss, metrics)]
         return {"count": 1, "records": records, **{k: m[k] for k in ("finite", "learning_rate", "gradients")}}
 
     def _land(self, tower: int, out: dict, seconds: float) -> int:

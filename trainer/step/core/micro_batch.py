@@ -3,7 +3,7 @@
 A micro-batch is run with `model.stateless_call`: the tower reads the variables' current values (copied
 from the parameter device), and returns its gradients and the new values of the non-trainable state
 (BatchNorm moving statistics) instead of assigning them. The caller combines those in micro-batch index
-order (`trainer.step.combine`), so the result does not depend on which tower ran which micro-batch, nor on how
+order (`trainer.step.core.combine`), so the result does not depend on which tower ran which micro-batch, nor on how
 many towers there are.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import TaskError
-from trainer.step import update
+from trainer.step.update import per_device
 
 # How the loss and gradient are reduced over the global batch (recorded in run.json: it decides the bits): the
 # sums of loss * weight and of the weights along the fixed tree, divided once by the global weight.
@@ -239,7 +239,7 @@ def apply_update(
       loss_scale: the fp16 loss scale the gradients carry, or None.
       clip_global_norm: clip the true (unscaled) gradient to this global norm; 0 turns clipping off.
       also: called with the clipping (list of gradients -> list, the identity when off) inside the update,
-        after the optimizer's: the mirrored variables' replicas update there (`trainer.step.mirrors`).
+        after the optimizer's: the mirrored variables' replicas update there (`trainer.step.transfers.mirrors`).
 
     Returns:
       {"step": step after the update, "finite", "learning_rate", "grad_norm" (unscaled, before clipping),
@@ -258,7 +258,7 @@ def apply_update(
     learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
 
     def apply_all():
-        update.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
+        per_device.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
         for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
             if value is not None:
                 with tf.device(variable.value.device):  # where the assign runs anyway: with its variable

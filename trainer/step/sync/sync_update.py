@@ -2,7 +2,7 @@
 
 The global batch is K micro-batches, micro-batch j read from input stream j on the CPU of its tower's task
 (`trainer.loop.inputs`); micro-batch j runs on tower j*N//K. The parameter device sums the K results along
-a fixed tree (`trainer.step.tree`), divides by K, clips, and applies one optimizer update. With
+a fixed tree (`trainer.step.core.tree`), divides by K, clips, and applies one optimizer update. With
 `--deterministic` the result is bitwise the same for every N that divides K, on every split into tasks.
 """
 
@@ -15,13 +15,14 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.settings.config import Pipeline
-from trainer.step import fusion, spread, tree
-from trainer.step import mirrors as mirrors_lib
-from trainer.step import towers as tw
-from trainer.step.calls import CallSize, in_graph_loop
-from trainer.step.combine import combine
-from trainer.step.runners import make_runner
-from trainer.step.updater import StepResult, Updater
+from trainer.step.core import micro_batch as mb
+from trainer.step.core import tree
+from trainer.step.core.calls import CallSize, in_graph_loop
+from trainer.step.core.combine import combine
+from trainer.step.stepper import StepResult, Updater
+from trainer.step.sync.runners import make_runner
+from trainer.step.transfers import fused_buffers, spread
+from trainer.step.transfers import mirrors as mirrors_lib
 from trainer.system.devices import Placement, tower_of_micro_batch
 from trainer.system.stop import Diverged
 
@@ -34,7 +35,7 @@ class SyncUpdate(Updater):
     Args:
       task: the run's `tasks.Task` (its loss and metrics).
       model: the task's Keras model whose variables live on `placement.parameter_device` or, spread, each
-        on its owner (`trainer.step.spread`).
+        on its owner (`trainer.step.transfers.spread`).
       optimizer: built Keras optimizer (slots on the parameter device).
       placement: tower and parameter devices.
       num_micro_batches: K; a multiple of the number of towers.
@@ -42,12 +43,12 @@ class SyncUpdate(Updater):
       iterators: K `trainer.loop.inputs.PlacedIterator`s; iterator j yields micro-batch j of every step.
       clip_global_norm: clip the averaged gradient to this global norm; 0 turns clipping off.
       jit_compile: XLA-compile each tower's forward and backward pass.
-      steps_per_call: steps per `tf.function` call (`trainer.step.calls.CallSize`); 0: as many as take ~0.5 s.
+      steps_per_call: steps per `tf.function` call (`trainer.step.core.calls.CallSize`); 0: as many as take ~0.5 s.
       profile_steps: (A, B): steps A+1..B run one per call, each under its own profiler step marker.
       make_optimizer: () -> a new optimizer like `optimizer`, for the replicas of mirrored variables
-        (`trainer.step.mirrors`); None: no variable is mirrored.
+        (`trainer.step.transfers.mirrors`); None: no variable is mirrored.
       pipeline: `Pipeline` settings: micro-batches through S stages in their schedule's order
-        (`trainer.step.pipeline`); 1 stage: each micro-batch on one tower.
+        (`trainer.step.pipeline.runner`); 1 stage: each micro-batch on one tower.
 
     With a `keras.optimizers.LossScaleOptimizer` (fp16), towers differentiate the scaled loss and the optimizer
     unscales, skipping the update and halving the scale when a gradient is not finite.
@@ -80,14 +81,14 @@ class SyncUpdate(Updater):
             raise ValueError(f"{len(iterators)} input streams for {num_micro_batches} micro-batches")
         self.iterators = list(iterators)
         self.clip_global_norm = clip_global_norm
-        self.examples_per_step = sum(tw.batch_size(it.element_spec) for it in iterators)
-        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+        self.examples_per_step = sum(mb.batch_size(it.element_spec) for it in iterators)
+        self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
         self._owners = (
             [spread.device_of(v) for v in model.trainable_variables],
             [spread.device_of(v) for v in model.non_trainable_variables],
             placement.parameter_device,
         )
-        self._layout = (fusion.FusedLayout if fuse_transfers else tree.Layout).of(placement, num_micro_batches)
+        self._layout = (fused_buffers.FusedLayout if fuse_transfers else tree.Layout).of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer)
         self.runner = make_runner(task, model, placement.towers, self._layout, num_micro_batches, jit_compile, pipeline)
         self._step_fn = tf.function(self._step)
@@ -103,7 +104,7 @@ class SyncUpdate(Updater):
     _timing_names = ("tower_step_sec", "event_sec")
 
     def _make_mirrors(self, make_optimizer) -> mirrors_lib.Mirrors:
-        """The mirrored variables' replicas (`trainer.step.mirrors`); none without `make_optimizer`."""
+        """The mirrored variables' replicas (`trainer.step.transfers.mirrors`); none without `make_optimizer`."""
         mirrored = []
         if make_optimizer is not None:
             variables, spread_over = self.model.trainable_variables, self.placement.spread_over
@@ -142,7 +143,7 @@ class SyncUpdate(Updater):
             steps,
             **traced,
             loss=_host((totals[0] + metrics["loss"]) / steps),
-            metrics=tw.metric_values(tw.add_metrics(totals[1], metrics["metrics"])),
+            metrics=mb.metric_values(mb.add_metrics(totals[1], metrics["metrics"])),
             grad_norm=_host((totals[2] + metrics["grad_norm"]) / steps),
             learning_rate=_host(metrics["learning_rate"]),
             tower_step_sec=_host(metrics["tower_step_sec"]),
@@ -163,7 +164,7 @@ class SyncUpdate(Updater):
         self._interrupted.assign(True)
 
     def _zero_totals(self):
-        return (tf.constant(0.0), tw.zero_metrics(self.task), tf.constant(0.0))
+        return (tf.constant(0.0), mb.zero_metrics(self.task), tf.constant(0.0))
 
     def _lean_call(self, remaining: int, totals, traced: dict):
         """One call of lean steps (at most `remaining`); returns how many ran and the running sums after
@@ -203,14 +204,14 @@ class SyncUpdate(Updater):
         return self._step_number
 
     def _lean_steps(self, iterators, num_steps, totals):
-        """Up to `num_steps` steps in one graph (`trainer.step.calls.in_graph_loop`): ends early at a step that
+        """Up to `num_steps` steps in one graph (`trainer.step.core.calls.in_graph_loop`): ends early at a step that
         was not finite (its update not applied) or once interrupted. Returns (steps run, finite, sums, last
         loss, step, bad micro-batch)."""
 
         def one_step(_, carried):
             totals = carried[0]
             m = self._step(iterators, report=False, want_gradients=False)
-            totals = (totals[0] + m["loss"], tw.add_metrics(totals[1], m["metrics"]), totals[2] + m["grad_norm"])
+            totals = (totals[0] + m["loss"], mb.add_metrics(totals[1], m["metrics"]), totals[2] + m["grad_norm"])
             return m["finite"], (totals, m["loss"], m["step"], m["bad_micro_batch"])
 
         start = (totals, tf.constant(0.0), self.global_step.read_value(), -1)
@@ -235,7 +236,7 @@ class SyncUpdate(Updater):
 
     def step_graph(self):
         """The traced graph of one step as the lean calls run it (no tower times, no gradients returned): what
-        `trainer.step.traffic.count` counts the bytes of, per device (`benchmarks/traffic.py`, the tests)."""
+        `trainer.step.transfers.traffic.count` counts the bytes of, per device (`benchmarks/traffic.py`, the tests)."""
         iterators = [it.iterator for it in self.iterators]
         return self._step_fn.get_concrete_function(iterators, False, False).graph
 
@@ -247,8 +248,8 @@ class SyncUpdate(Updater):
                 batches.append(placed.take(iterator))
         with tf.device(placement.parameter_device):
             step = self.global_step.read_value()
-            loss_scale = tw.loss_scale(self.optimizer)
-        # Per task, one copy of every value, which its towers share (`trainer.step.tree.Layout.fanout`); one
+            loss_scale = mb.loss_scale(self.optimizer)
+        # Per task, one copy of every value, which its towers share (`trainer.step.core.tree.Layout.fanout`); one
         # fanout of all the variables, so a fused one sends them together.
         n = len(self.model.trainable_variables)
         values = spread.read_values(self.model.trainable_variables + self.model.non_trainable_variables)
@@ -266,7 +267,7 @@ class SyncUpdate(Updater):
         loss, metrics, grads, new_state, replica_grads = combine(
             results, self._seed_flags, old_state, self._owners, self.mirrors
         )
-        applied = tw.apply_update(
+        applied = mb.apply_update(
             self.model,
             self.optimizer,
             self.global_step,
@@ -277,7 +278,7 @@ class SyncUpdate(Updater):
             self.clip_global_norm,
             also=lambda clip: self.mirrors.apply(replica_grads, clip),
         )
-        bad = tw.first_non_finite([r.loss for r in results])
+        bad = mb.first_non_finite([r.loss for r in results])
         return {"loss": loss, "metrics": metrics, "bad_micro_batch": bad, **applied}
 
 

@@ -3,7 +3,7 @@
 The N towers of a machine form N/S pipelines of S consecutive devices (pipeline p, stage s: tower p*S + s);
 micro-batch j runs on pipeline j*P//K, as it would on tower j*N//K without stages, on the same task. A stage
 runs its part of the model (`models.stages`) under a `keras.StatelessScope` holding its variables' values,
-inside a GradientTape of its own (`trainer.step.stagepass`: the forward's, or with `--pipeline_remat` one the
+inside a GradientTape of its own (`trainer.step.pipeline.stage_pass`: the forward's, or with `--pipeline_remat` one the
 backward records running the forward again): the forward pass sends the activations to the next stage's device,
 the backward pass gets their gradient from it (`output_gradients`) and sends back the gradient of its inputs.
 Every op is the op data parallel runs, on another device, so each micro-batch's gradients, losses and new
@@ -11,7 +11,7 @@ BatchNorm statistics are the same bits; they go to `combine.combine`'s fixed tre
 stage's variables live on its device in the first pipeline (`trainer.loop.build`), where the tree sums their
 gradients.
 
-The order of the forward and backward passes on each device is the schedule's (`trainer.step.schedules`),
+The order of the forward and backward passes on each device is the schedule's (`trainer.step.pipeline.schedules`),
 made binding with control dependencies: each event starts after the previous event of its device ended.
 """
 
@@ -23,8 +23,8 @@ import functools
 import tensorflow as tf
 
 from models import stages as stages_lib
-from trainer.step import schedules, stagepass
-from trainer.step import towers as tw
+from trainer.step.core import micro_batch as mb
+from trainer.step.pipeline import schedules, stage_pass
 
 
 @dataclasses.dataclass
@@ -52,10 +52,10 @@ class PipelineRunner:
       task, model: the run's task and its model.
       towers: the run's tower devices, task-major; pipeline p is towers[p*S : (p+1)*S].
       stages: the model cut into S stages (`models.stages.cut`).
-      schedule: a name in `trainer.step.schedules.SCHEDULES`.
-      layout: the run's `trainer.step.tree.Layout` (which task holds each micro-batch).
+      schedule: a name in `trainer.step.pipeline.schedules.SCHEDULES`.
+      layout: the run's `trainer.step.core.tree.Layout` (which task holds each micro-batch).
       remat: recompute each stage's forward in its backward instead of keeping its activations, where the
-        schedule keeps more than one micro-batch in flight (`stagepass.way_for`).
+        schedule keeps more than one micro-batch in flight (`stage_pass.way_for`).
     """
 
     def __init__(self, task, model, towers, stages, schedule: str, layout, num_micro_batches: int, remat=False):
@@ -68,16 +68,16 @@ class PipelineRunner:
         self.per_stage = schedules.SCHEDULES[schedule](self.num_stages, per_pipeline)  # each stage's events
         self.order = schedules.build_order(self.per_stage)
         self.in_flight = [schedules.in_flight(events) for events in self.per_stage]
-        self.ways = [stagepass.way_for(remat, flight) for flight in self.in_flight]
+        self.ways = [stage_pass.way_for(remat, flight) for flight in self.in_flight]
         owner = stages_lib.stage_of_variables(model, stages)
         trainable = _indices_by_stage(model.trainable_variables, owner, self.num_stages)
         non_trainable = _indices_by_stage(model.non_trainable_variables, owner, self.num_stages)
         last = self.num_stages - 1
         self.calls = [
-            stagepass.StageCall(task, model, stage, stage.index == last, trainable[s], non_trainable[s])
+            stage_pass.StageCall(task, model, stage, stage.index == last, trainable[s], non_trainable[s])
             for s, stage in enumerate(stages)
         ]
-        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+        self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
 
     @property
     def event_names(self) -> list[str]:
@@ -154,7 +154,7 @@ class PipelineRunner:
         flows = []
         for j, batch in enumerate(batches):
             task = self.layout.task_of_micro_batch(j)
-            state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
+            state = mb.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
             s = self.num_stages
             flows.append(_Flow(batch, task, state, [None] * s, [None] * s, {}, {}, loss_scale))
         last_op, clock = {}, _Clock(timed, step)
@@ -187,7 +187,7 @@ class PipelineRunner:
             flow.new_state[i] = value
         if call.last:
             flow.loss, flow.weight = result.loss, result.weight
-            flow.metrics = tw.task_metrics(self.task, result.predictions, flow.batch)
+            flow.metrics = mb.task_metrics(self.task, result.predictions, flow.batch)
         flow.outputs[stage] = result.outputs
         return tf.nest.flatten(result.outputs) + result.new_state
 
@@ -212,16 +212,16 @@ class PipelineRunner:
         return [g for g in dense if g is not None]
 
     def _bind(self, stage: int, flow: _Flow, trainable: list):
-        """(inputs -> the stage's `stagepass.Pass` on this micro-batch, inputs -> what it differentiates against)."""
+        """(inputs -> the stage's `stage_pass.Pass` on this micro-batch, inputs -> what it differentiates against)."""
         call = self.calls[stage]
         values = [trainable[i] for i in call.trainable]
         run = functools.partial(call.run, batch=flow.batch, values=values, state=flow.state, scale=flow.scale)
         return run, functools.partial(call.sources, values)
 
-    def _result(self, flow: _Flow) -> tw.MicroBatchResult:
+    def _result(self, flow: _Flow) -> mb.MicroBatchResult:
         grads = [flow.grads[i] for i in range(len(self.model.trainable_variables))]
         state = [flow.new_state[i] for i in range(len(self.model.non_trainable_variables))]
-        return tw.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
+        return mb.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
 
 
 def _reg_gradient(flow: _Flow):
@@ -277,7 +277,7 @@ class _Clock:
         if not self.timed:
             return None
         with tf.control_dependencies(waits):
-            self._open = tw.now(self.anchor)
+            self._open = mb.now(self.anchor)
         self.first.setdefault(device, self._open)
         return self._open
 
@@ -285,7 +285,7 @@ class _Clock:
         if not self.timed:
             return
         with tf.control_dependencies([done]):
-            self.last[device] = tw.now(self.anchor)
+            self.last[device] = mb.now(self.anchor)
         self.events.append(tf.stack([self._open, self.last[device]]))
 
     def totals(self, towers) -> dict:
