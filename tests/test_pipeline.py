@@ -311,7 +311,7 @@ def test_the_cut_depends_on_the_bytes_alone():
 
 @pytest.mark.quick
 def test_the_measured_bubble_is_each_devices_idle_share_of_its_pipelines_span():
-    from trainer.step.pipeline.runner import bubble_of
+    from trainer.step.pipeline.clock import bubble_of
 
     # 2 stages, 2 micro-batches, one pipeline, 1f1b: stage 0 runs F0 [0,1], F1 [1,2], B0 [4,6], B1 [6,8];
     # stage 1 runs F0 [1,2], B0 [2,4], F1 [4,5], B1 [5,6]. Span 0..8; busy 6 and 5.

@@ -17,32 +17,13 @@ made binding with control dependencies: each event starts after the previous eve
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import tensorflow as tf
 
 from models import stages as stages_lib
 from trainer.step.core import micro_batch as mb
 from trainer.step.pipeline import schedules, stage_pass
-
-
-@dataclasses.dataclass
-class _Flow:
-    """One micro-batch's state between its events."""
-
-    batch: object
-    task: int
-    state: list  # its non-trainable values (seeds keyed on the micro-batch)
-    kept: list  # per stage: what its forward kept for its backward (`stagepass`)
-    outputs: list  # per stage: its forward's outputs
-    grads: dict  # variable index -> gradient
-    new_state: dict  # non-trainable index -> new value
-    scale: tf.Tensor | None = None  # fp16: the loss scale (`towers.run_micro_batch`), else None
-    upstream: list | None = None  # the gradient of the last stage run backward's float inputs
-    loss: tf.Tensor | None = None
-    weight: tf.Tensor | None = None
-    metrics: dict | None = None
+from trainer.step.pipeline.clock import Clock, bubble_of
+from trainer.step.pipeline.stage_events import Flow, StageEvents
 
 
 class PipelineRunner:
@@ -77,6 +58,7 @@ class PipelineRunner:
             stage_pass.StageCall(task, model, stage, stage.index == last, trainable[s], non_trainable[s])
             for s, stage in enumerate(stages)
         ]
+        self.events = StageEvents(task, model, self.calls, self.ways)
         self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
 
     @property
@@ -156,142 +138,22 @@ class PipelineRunner:
             task = self.layout.task_of_micro_batch(j)
             state = mb.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
             s = self.num_stages
-            flows.append(_Flow(batch, task, state, [None] * s, [None] * s, {}, {}, loss_scale))
-        last_op, clock = {}, _Clock(timed, step)
+            flows.append(Flow(batch, task, state, [None] * s, [None] * s, {}, {}, loss_scale))
+        last_op, clock = {}, Clock(timed, step)
         for pipeline in range(self.num_pipelines):
             for stage, (kind, local) in self.order:
                 j = pipeline * per_pipeline + local
                 device = self.device(pipeline, stage)
                 with tf.device(device), tf.name_scope(f"pipeline{pipeline}_stage{stage}_{kind}{j}"):
                     waits = [last_op[device]] if device in last_op else []
-                    start = clock.start(device, waits + self._awaited(stage, kind, flows[j]))
+                    start = clock.start(device, waits + self.events.awaited(stage, kind, flows[j]))
                     with tf.control_dependencies(waits + ([start] if timed else [])):
-                        run = self._forward if kind == "F" else self._backward
+                        run = self.events.forward if kind == "F" else self.events.backward
                         last_op[device] = tf.group(*run(stage, flows[j], trainable[flows[j].task]), name="done")
                     clock.end(device, last_op[device])
-        return [self._result(flow) for flow in flows], clock.totals(self.towers)
-
-    def _awaited(self, stage: int, kind: str, flow: _Flow) -> list:
-        """What an event waits for besides its device: its inputs from the stage before (forward) or their
-        gradient from the stage after (backward); its clock starts when they are there."""
-        if kind == "F":
-            return tf.nest.flatten(flow.batch if stage == 0 else flow.outputs[stage - 1])
-        return [g for g in flow.upstream if g is not None] if stage < self.num_stages - 1 else []
-
-    def _forward(self, stage: int, flow: _Flow, trainable: list):
-        inputs = self.task.model_inputs(flow.batch) if stage == 0 else flow.outputs[stage - 1]
-        run, sources = self._bind(stage, flow, trainable)
-        result, flow.kept[stage] = self.ways[stage].forward(run, sources, inputs)
-        call = self.calls[stage]
-        for i, value in zip(call.non_trainable, result.new_state, strict=True):
-            flow.new_state[i] = value
-        if call.last:
-            flow.loss, flow.weight = result.loss, result.weight
-            flow.metrics = mb.task_metrics(self.task, result.predictions, flow.batch)
-        flow.outputs[stage] = result.outputs
-        return tf.nest.flatten(result.outputs) + result.new_state
-
-    def _backward(self, stage: int, flow: _Flow, trainable: list):
-        run, sources = self._bind(stage, flow, trainable)
-        tape, result, inputs = self.ways[stage].backward(run, sources, flow.kept[stage])
-        if self.calls[stage].last:
-            targets, upstream = [result.outputs], None
-        else:
-            leaves = [x for x in tf.nest.flatten(result.outputs) if x.dtype.is_floating]
-            pairs = [(x, g) for x, g in zip(leaves, flow.upstream, strict=True) if g is not None]
-            if result.reg is not None:
-                pairs.append((result.reg, _reg_gradient(flow)))
-            targets, upstream = [x for x, _ in pairs], [g for _, g in pairs]
-        grads = tape.gradient(targets, sources(inputs), output_gradients=upstream)
-        flow.kept[stage] = flow.outputs[stage] = None  # activations may go
-        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        trainable_indices = self.calls[stage].trainable
-        for i, g in zip(trainable_indices, dense[: len(trainable_indices)], strict=True):
-            flow.grads[i] = g if flow.scale is None else g * tf.cast(flow.weight, g.dtype)  # as a tower's
-        flow.upstream = dense[len(trainable_indices) :]
-        return [g for g in dense if g is not None]
-
-    def _bind(self, stage: int, flow: _Flow, trainable: list):
-        """(inputs -> the stage's `stage_pass.Pass` on this micro-batch, inputs -> what it differentiates against)."""
-        call = self.calls[stage]
-        values = [trainable[i] for i in call.trainable]
-        run = functools.partial(call.run, batch=flow.batch, values=values, state=flow.state, scale=flow.scale)
-        return run, functools.partial(call.sources, values)
-
-    def _result(self, flow: _Flow) -> mb.MicroBatchResult:
-        grads = [flow.grads[i] for i in range(len(self.model.trainable_variables))]
-        state = [flow.new_state[i] for i in range(len(self.model.non_trainable_variables))]
-        return mb.MicroBatchResult(flow.loss, flow.weight, flow.metrics, grads, state)
-
-
-def _reg_gradient(flow: _Flow):
-    """The gradient the whole model's tape gives an earlier stage's regularisation sum: d(weight * reg)/d(reg) =
-    weight; with fp16's scale, through `per_weight(...) * scale` first, the same ops in the same order."""
-    if flow.scale is None:
-        return flow.weight
-    return tf.math.divide_no_nan(flow.scale, flow.weight) * flow.weight
-
-
-def bubble_of(names: list[str], events, num_stages: int, num_pipelines: int):
-    """(seconds each device's events ran, the measured bubble) of a timed step's `events` ([start, end] per
-    event, named as `PipelineRunner.event_names`), or (None, None) without them. A device's bubble is the
-    share of its pipeline's span (first start to last end of any of its stages) in which it ran nothing, an
-    event counting from when its inputs were there; the measured bubble is the mean over devices.
-
-    The clocks are host callbacks, which run late when the inter-op threads are busy: an event is cut at the
-    start of the next event of its device (which a control dependency holds until it ended), so a device is
-    never busy longer than its span.
-    """
-    if not events:
-        return None, None
-    per_pipeline = len(names) // num_pipelines
-    by_device, spans = {}, {}
-    for index, (name, (start, end)) in enumerate(zip(names, events, strict=True)):
-        pipeline, stage = index // per_pipeline, int(name.split(":")[0])
-        by_device.setdefault(pipeline * num_stages + stage, []).append((start, end))  # in the device's order
-        lo, hi = spans.get(pipeline, (start, end))
-        spans[pipeline] = (min(lo, start), max(hi, end))
-    busy = {}
-    for device, runs in by_device.items():
-        ends = [min(end, after[0]) for (_, end), after in zip(runs, runs[1:], strict=False)] + [runs[-1][1]]
-        busy[device] = sum(max(0.0, end - start) for (start, _), end in zip(runs, ends, strict=True))
-    bubbles = [1.0 - busy[d] / (spans[d // num_stages][1] - spans[d // num_stages][0]) for d in sorted(busy)]
-    return [busy[d] for d in sorted(busy)], sum(bubbles) / len(bubbles)
+        return [self.events.result(flow) for flow in flows], clock.totals(self.towers)
 
 
 def _indices_by_stage(variables, owner: dict, num_stages: int) -> list[list[int]]:
     """Per stage, the indices in `variables` of those it owns (`owner`: id -> stage)."""
     return [[i for i, v in enumerate(variables) if owner[id(v)] == s] for s in range(num_stages)]
-
-
-class _Clock:
-    """In-graph timestamps of each event (only on a timed step: two host callbacks per event)."""
-
-    def __init__(self, timed: bool, anchor):
-        self.timed, self.anchor, self.first, self.last = timed, anchor, {}, {}
-        self.events = []  # [start, end] of every event, in build order (`PipelineRunner.event_names`)
-        self._open = None
-
-    def start(self, device: str, waits: list):
-        """The event's start: once its device is free and its inputs are there."""
-        if not self.timed:
-            return None
-        with tf.control_dependencies(waits):
-            self._open = mb.now(self.anchor)
-        self.first.setdefault(device, self._open)
-        return self._open
-
-    def end(self, device: str, done) -> None:
-        if not self.timed:
-            return
-        with tf.control_dependencies([done]):
-            self.last[device] = mb.now(self.anchor)
-        self.events.append(tf.stack([self._open, self.last[device]]))
-
-    def totals(self, towers) -> dict:
-        if not self.timed:
-            return {}
-        return {
-            "tower_step_sec": tf.stack([self.last[d] - self.first[d] for d in towers]),
-            "event_sec": tf.stack(self.events),
-        }
