@@ -49,7 +49,7 @@ def _pipeline_runner(updater) -> PipelineRunner | None:
 
 def _variables_where(state, staged: PipelineRunner | None) -> str:
     """Where the model's variables live: each stage's on its device, spread over the towers (with those kept on
-    every task, `trainer.step.mirrors`), or all on the parameter device."""
+    every task, `trainer.step.transfers.mirrors`), or all on the parameter device."""
     placement = state.placement
     if staged is not None:
         return "on each stage's device" + (" of pipeline 0" if staged.num_pipelines > 1 else "")

@@ -53,9 +53,25 @@ class UpdateMode(abc.ABC):
         """What this mode adds to metrics.json, over the run of `updater`."""
         return {}
 
-    @abc.abstractmethod
     def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        """The stepper of `task`'s `model`: `iterators` are the streams `stream_towers` laid out."""
+        """The stepper of `task`'s `model`: `iterators` are the streams `stream_towers` laid out. What every
+        mode's updater takes (`trainer.step.update.apply.BaseUpdate`, and the towers' compile) is passed here,
+        once; the mode adds its own (`updater`)."""
+        shared = {
+            "task": task,
+            "model": model,
+            "optimizer": optimizer,
+            "placement": placement,
+            "global_step": global_step,
+            "iterators": iterators,
+            "clip_global_norm": config.optimizer.clip_global_norm,
+            "jit_compile": config.towers.jit_compile,
+        }
+        return self.updater(shared, config)
+
+    @abc.abstractmethod
+    def updater(self, shared: dict, config: RunConfig) -> Updater:
+        """This mode's `Updater` from the arguments every mode's takes (`build`) and its own settings."""
 
 
 class SyncMode(UpdateMode):
@@ -79,20 +95,14 @@ class SyncMode(UpdateMode):
             **updater.runner.run_metrics(updater.last_timings),
         }
 
-    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+    def updater(self, shared: dict, config: RunConfig) -> Updater:
         from trainer.step.sync.sync_update import SyncUpdate
         from trainer.step.update import optimizers
 
+        global_step = shared["global_step"]
         return SyncUpdate(
-            task,
-            model,
-            optimizer,
-            placement,
-            config.towers.num_micro_batches,
-            global_step,
-            iterators,
-            clip_global_norm=config.optimizer.clip_global_norm,
-            jit_compile=config.towers.jit_compile,
+            **shared,
+            num_micro_batches=config.towers.num_micro_batches,
             steps_per_call=config.loop.steps_per_call,
             profile_steps=config.loop.profile_steps,
             make_optimizer=lambda: optimizers.with_precision(
@@ -177,20 +187,10 @@ class AsyncMode(UpdateMode):
             "max_staleness": config.towers.max_staleness,
         }
 
-    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
+    def updater(self, shared: dict, config: RunConfig) -> Updater:
         from trainer.step.asynchronous.async_update import AsyncUpdate
 
-        return AsyncUpdate(
-            task,
-            model,
-            optimizer,
-            placement,
-            global_step,
-            iterators,
-            max_staleness=config.towers.max_staleness,
-            clip_global_norm=config.optimizer.clip_global_norm,
-            jit_compile=config.towers.jit_compile,
-        )
+        return AsyncUpdate(**shared, max_staleness=config.towers.max_staleness)
 
 
 MODES: dict[str, UpdateMode] = {mode.name: mode for mode in (SyncMode(), AsyncMode())}

@@ -14,6 +14,7 @@ import tensorflow as tf
 from trainer.step.core import calls
 from trainer.step.core import micro_batch as mb
 from trainer.step.transfers import spread
+from trainer.step.update.apply import loss_scale
 
 # The per-update values a call returns, in this order, and their dtypes: step after the apply, loss, staleness,
 # gradient norm; then each of the task's metrics' sum, then each one's count (`record_dtypes`).
@@ -42,7 +43,8 @@ class TowerGraph:
     `tf.function` traces).
 
     Args:
-      task, model, optimizer, placement, global_step, iterators, clip_global_norm: as `AsyncUpdate` takes them.
+      head: the `AsyncUpdate` (`trainer.step.update.apply.BaseUpdate`): task, model, optimizer, placement, global
+        step, the towers' input streams, and its `apply_update`.
       halt: bool `tf.Variable`; once true, no update starts.
       micro_batch: the function each tower runs per micro-batch (`trainer.step.core.micro_batch.micro_batch_fn`).
 
@@ -51,56 +53,38 @@ class TowerGraph:
         micro-batch (`trainer.step.stepper.Updater.wrap_micro_batch`).
     """
 
-    def __init__(self, task, model, optimizer, placement, global_step, iterators, halt, clip_global_norm, micro_batch):
-        self.task = task
-        self.model = model
-        self.optimizer = optimizer
-        self.placement = placement
-        self.global_step = global_step
-        self.iterators = iterators
-        self.halt = halt
-        self.clip_global_norm = clip_global_norm
-        self.micro_batch = micro_batch
-        self.seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
+    def __init__(self, head, halt, micro_batch):
+        self.head, self.halt, self.micro_batch = head, halt, micro_batch
+        self.seed_flags = [mb.is_seed_state(v) for v in head.model.non_trainable_variables]
         self.critical = tf.CriticalSection(name="async_apply")
 
     def compute(self, tower: int):
         """One micro-batch of `tower`: reads its input, the global step and the variables, computes on the
         tower. Returns (loss per weight, the task's {name: (sum, count)}, gradients per weight, new non-trainable
         values, the step the variables were read at): an async update is the mean over its own micro-batch."""
-        iterator = self.iterators[tower]
+        head, iterator = self.head, self.head.iterators[tower]
         with tf.device(iterator.device):  # the CPU of the tower's own task
             batch = iterator.take(iterator.iterator)
-        with tf.device(self.placement.parameter_device):
-            step = self.global_step.read_value()
-            loss_scale = mb.loss_scale(self.optimizer)
-        trainable = spread.read_values(self.model.trainable_variables)
-        non_trainable = spread.read_values(self.model.non_trainable_variables)
-        with tf.device(self.placement.towers[tower]):
-            state = mb.micro_batch_seeds(non_trainable, self.seed_flags, step, tower, len(self.placement.towers))
-            result = self.micro_batch(trainable, state, batch, loss_scale)
+        with tf.device(head.placement.parameter_device):
+            step = head.global_step.read_value()
+            scale = loss_scale(head.optimizer)
+        trainable = spread.read_values(head.model.trainable_variables)
+        non_trainable = spread.read_values(head.model.non_trainable_variables)
+        with tf.device(head.placement.towers[tower]):
+            state = mb.micro_batch_seeds(non_trainable, self.seed_flags, step, tower, len(head.placement.towers))
+            result = self.micro_batch(trainable, state, batch, scale)
             grads = [mb.per_weight(g, result.weight) for g in result.grads]
             loss = mb.per_weight(result.loss, result.weight)
         return loss, result.metrics, grads, result.non_trainable, step
 
     def apply(self, loss, grads, non_trainable, read_step) -> dict:
-        """Applies one update in the critical section; returns `mb.apply_update`'s values and its staleness
-        (updates applied by others between the read at `read_step` and this apply)."""
+        """Applies one update in the critical section (`BaseUpdate.apply_update`); returns its values and its
+        staleness (updates applied by others between the read at `read_step` and this apply)."""
         new_state = [None if seed else value for value, seed in zip(non_trainable, self.seed_flags, strict=True)]
 
         def update():
-            with tf.device(self.placement.parameter_device):
-                loss_scale = mb.loss_scale(self.optimizer)
-                return mb.apply_update(
-                    self.model,
-                    self.optimizer,
-                    self.global_step,
-                    loss,
-                    grads,
-                    new_state,
-                    loss_scale,
-                    self.clip_global_norm,
-                )
+            with tf.device(self.head.placement.parameter_device):
+                return self.head.apply_update(loss, grads, new_state, loss_scale(self.head.optimizer))
 
         applied = self.critical.execute(update)
         return {**applied, "staleness": applied["step"] - read_step - 1}
@@ -127,8 +111,8 @@ class TowerGraph:
             records = tuple(r.write(i, v) for r, v in zip(records, values, strict=True))
             return m["finite"], (records, m["learning_rate"], m["gradients"] if keep_gradients else gradients)
 
-        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in record_dtypes(self.task))
-        gradients = [tf.zeros_like(v) for v in self.model.trainable_variables] if keep_gradients else []
+        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in record_dtypes(self.head.task))
+        gradients = [tf.zeros_like(v) for v in self.head.model.trainable_variables] if keep_gradients else []
         start = (records, tf.constant(0.0), gradients)
         count, finite, (records, learning_rate, gradients) = calls.in_graph_loop(body, num_updates, self.halt, start)
         out = {"count": count, "finite": finite, "records": [r.stack() for r in records]}
