@@ -136,9 +136,9 @@ def test_every_write_of_the_update_runs_on_its_variables_device(optimizer, count
     # Everywhere, conds' branches included: the writes per device.
     graph_def = graph.as_graph_def()
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    per_device = collections.Counter(n.device[-5:] for n in nodes if n.op in _WRITES)
-    assert per_device["CPU:0"] >= 2 and per_device["CPU:1"] >= 1  # w0, w2 on CPU:0; w1 on CPU:1
-    assert sum(per_device.values()) - per_device["CPU:0"] - per_device["CPU:1"] == counter_writes
+    writes_on = collections.Counter(n.device[-5:] for n in nodes if n.op in _WRITES)
+    assert writes_on["CPU:0"] >= 2 and writes_on["CPU:1"] >= 1  # w0, w2 on CPU:0; w1 on CPU:1
+    assert sum(writes_on.values()) - writes_on["CPU:0"] - writes_on["CPU:1"] == counter_writes
 
 
 def test_the_loss_scale_is_skipped_halved_and_doubled_as_keras_does():
