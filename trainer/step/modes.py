@@ -30,6 +30,8 @@ class UpdateMode(abc.ABC):
     # Settings (as `trainer.settings.config.flatten` names them) a resume may change in this mode, beyond the
     # flag table's FREE ones (`trainer.settings.table`).
     resume_may_change: frozenset[str] = frozenset()
+    # Whether a step of this mode has micro-batches to send through pipeline stages (`Pipeline.check`).
+    runs_pipelines: bool = False
 
     def check(self, config: RunConfig) -> None:
         """Raises ConfigError, naming the flags and what to change, for settings this mode cannot run."""
@@ -78,6 +80,7 @@ class SyncMode(UpdateMode):
     """K micro-batches per step, their gradients averaged in a fixed order, one update (`trainer.step.sync`)."""
 
     name = "sync"
+    runs_pipelines = True
     # With K fixed, the towers (on one machine or several) do not change the sync result.
     resume_may_change = frozenset({"towers.num_towers", "towers.num_tasks"})
 
@@ -135,11 +138,6 @@ class AsyncMode(UpdateMode):
             raise ConfigError(
                 f"--device_memory_mb ({config.runtime.device_memory_mb}) is counted from a sync step; async towers "
                 "trace their own: leave it at 0 with --update_mode=async"
-            )
-        if config.towers.pipeline_stages > 1:
-            raise ConfigError(
-                f"--pipeline_stages ({config.towers.pipeline_stages}) needs --update_mode=sync: a pipeline's stages "
-                "share one step's micro-batches, which async towers do not have"
             )
         if config.loop.steps_per_call:
             raise ConfigError(
@@ -229,7 +227,8 @@ class Plan:
 
 def settle(config: RunConfig, num_tasks: int | None = None) -> Plan:
     """The plan a run goes with: `trainer.settings.resolve.resolve` (validated, what the settings alone decide
-    decided, `num_tasks` when given), its update mode found, and that mode's own `check`. The entry points call
+    decided, `num_tasks` when given), its update mode found, the pipeline's rules (`Pipeline.check`, which
+    need the mode) and that mode's own `check`. The entry points call
     it once (`python -m trainer`, `launch.slurm`'s pre-check, and `train`, `build` when handed a raw
     `RunConfig`: `planned`).
 
@@ -238,6 +237,7 @@ def settle(config: RunConfig, num_tasks: int | None = None) -> Plan:
     """
     config = resolve(config, num_tasks)
     mode = mode_for(config.towers.update_mode)
+    config.towers.pipeline.check(config.towers, mode.runs_pipelines)
     mode.check(config)
     return Plan(config, mode)
 

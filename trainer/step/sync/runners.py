@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from models import stages
 from trainer.settings.config import Pipeline
 from trainer.step.core import micro_batch as mb
 from trainer.step.memory import device_memory
 from trainer.step.pipeline import runner
+from trainer.step.pipeline.cut import cut_of
 from trainer.system.devices import tower_of_micro_batch
 
 
@@ -67,7 +67,7 @@ def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile
     """The runner of a sync step: `PipelineRunner` over `plan`'s stages, or `TowerRunner` for 1."""
     if plan.stages == 1:
         return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
-    cut = stages.cut(model, plan.stages, plan.cuts)
+    cut = cut_of(model, plan)
     return runner.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches, plan.remat)
 
 
@@ -83,7 +83,7 @@ def inference(model, towers, plan: Pipeline):
                 return model(inputs, training=False)
 
         return whole
-    cut = stages.cut(model, plan.stages, plan.cuts)
+    cut = cut_of(model, plan)
     num_pipelines = len(towers) // plan.stages
 
     def staged(tower: int, inputs):
