@@ -155,7 +155,7 @@ def test_the_map_lists_every_trainer_module_on_its_floor():
 def test_a_pipeline_run_cuts_its_model_once(make_config, monkeypatch):
     """`build` of a pipeline run cuts the model it trains once (`trainer.step.pipeline.cut.cut_of`): the step's
     runner and eval's forward share that cut. The placement cuts the probe model it builds first, to know where
-    each variable goes before the real one is built (`trainer.step.transfers.spread.build_spread`): two in all."""
+    each variable goes before the real one is built (`trainer.step.core.spread.build_spread`): two in all."""
     from models import stages
     from trainer.loop.build import build
 

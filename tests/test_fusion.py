@@ -17,9 +17,9 @@ from tasks.classify import Classify
 from tests._cluster_helpers import Job, grouped_placement, metrics, tf_config_envs
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
-from trainer.step.core import tree
+from trainer.step.core import spread, tree
 from trainer.step.sync.sync_update import SyncUpdate
-from trainer.step.transfers import fused_buffers, spread, traffic
+from trainer.step.transfers import fused_buffers, traffic
 from trainer.system import determinism
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy

@@ -16,8 +16,9 @@ from tasks.classify import Classify
 from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
+from trainer.step.core import spread
 from trainer.step.sync.sync_update import SyncUpdate
-from trainer.step.transfers import mirrors, spread
+from trainer.step.transfers import mirrors
 from trainer.system import determinism
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy

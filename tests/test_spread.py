@@ -14,8 +14,9 @@ from trainer.loop.inputs import PlacedIterator
 from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.settings.config import RunConfig
+from trainer.step.core import spread
 from trainer.step.sync.sync_update import SyncUpdate
-from trainer.step.transfers import spread, traffic
+from trainer.step.transfers import traffic
 from trainer.system import devices
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
@@ -134,7 +135,7 @@ import json, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
 import keras, models
-from trainer.step.transfers import spread
+from trainer.step.core import spread
 towers = tuple(f"/device:CPU:{i}" for i in range(4))
 build = lambda: models.build_model("resnet20", (32, 32, 3), 10)
 model = spread.build_spread(build, towers, reseed=lambda: keras.utils.set_random_seed(0))

@@ -9,9 +9,9 @@ from tasks.classify import Classify
 from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
-from trainer.step.core import tree
+from trainer.step.core import spread, tree
 from trainer.step.sync.sync_update import SyncUpdate
-from trainer.step.transfers import spread, traffic
+from trainer.step.transfers import traffic
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 

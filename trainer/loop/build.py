@@ -24,11 +24,12 @@ from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
 from trainer.step import modes
 from trainer.step.core import micro_batch as towers
+from trainer.step.core import spread
 from trainer.step.memory import device_memory as stepmemory
 from trainer.step.modes import Plan
 from trainer.step.stepper import Updater
 from trainer.step.sync import runners
-from trainer.step.transfers import mirrors, spread
+from trainer.step.transfers import mirrors
 from trainer.step.update import optimizers as optim
 from trainer.system import determinism, devices, runtime
 
@@ -122,7 +123,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
 def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placement, task: tasks.Task):
     """Model, optimizer (slots built; the update mode's, `UpdateMode.make_optimizer`) and global step on the
     parameter device; with `spread_over`, each model variable and its slots on its owner
-    (`trainer.step.transfers.spread`), the step and learning rate on the first tower's device. `run` as in `build`."""
+    (`trainer.step.spread`), the step and learning rate on the first tower's device. `run` as in `build`."""
     plan = modes.planned(run)
     config = plan.config
     _set_precision(config.towers.mixed_precision)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer.step.core import calls
+from trainer.step.core import calls, spread
 from trainer.step.core import micro_batch as mb
-from trainer.step.transfers import spread
 from trainer.step.update.apply import loss_scale
 
 # The per-update values a call returns, in this order, and their dtypes: step after the apply, loss, staleness,

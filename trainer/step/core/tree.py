@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from trainer.step.transfers import spread
+from trainer.step.core import spread
 
 # Recorded in run.json: a resume may not silently mix summation orders (`trainer.outputs.rundir`).
 ORDER = "tree"

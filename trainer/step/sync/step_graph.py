@@ -7,9 +7,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from trainer.step.core import micro_batch as mb
+from trainer.step.core import spread
 from trainer.step.core.calls import in_graph_loop
 from trainer.step.core.combine import combine
-from trainer.step.transfers import spread
 from trainer.step.update.apply import loss_scale
 
 

@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from trainer.step.core import tree
-from trainer.step.transfers import spread
+from trainer.step.core import spread, tree
 
 
 def send_fused(tensors: Sequence, source: str, destination: str) -> list:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step.transfers import spread
+from trainer.step.core import spread
 
 # A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
 from trainer.step.update import per_device
@@ -48,7 +48,7 @@ def choose(variables, num_tasks: int, spread_over: tuple, loss_scaled: bool) -> 
 
 
 def flags(model, num_tasks: int, spread_over: tuple, loss_scaled: bool) -> list[bool]:
-    """`choose` as one flag per `model.variables` (`trainer.step.transfers.spread.build_spread` assigns them last)."""
+    """`choose` as one flag per `model.variables` (`trainer.step.core.spread.build_spread` assigns them last)."""
     chosen = {
         id(model.trainable_variables[i]) for i in choose(model.trainable_variables, num_tasks, spread_over, loss_scaled)
     }

@@ -20,7 +20,7 @@ class BaseUpdate(Updater):
     Args:
       task: the run's `tasks.Task` (its loss and metrics).
       model: the task's Keras model whose variables live on `placement.parameter_device` or, spread, each
-        on its owner (`trainer.step.transfers.spread`).
+        on its owner (`trainer.step.core.spread`).
       optimizer: built Keras optimizer (slots on the parameter device).
       placement: tower and parameter devices.
       global_step: int64 `tf.Variable` on the parameter device; +1 per update.

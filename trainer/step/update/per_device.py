@@ -24,7 +24,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step.transfers import spread
+from trainer.step.core import spread
 from trainer.step.update import fused_kernels
 
 
