@@ -8,6 +8,8 @@ optimizer, the placement, the global step, the input streams, the clip) and thei
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 from trainer.step.stepper import Updater
@@ -73,35 +75,43 @@ def apply_update(
     """
     scaled_norm = tf.linalg.global_norm(grads)
     scale = 1.0 if loss_scale is None else tf.cast(loss_scale, scaled_norm.dtype)
-
-    def clip(tensors: list) -> list:
-        if not clip_global_norm:
-            return tensors
-        # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
-        return tf.clip_by_global_norm(tensors, clip_global_norm * scale, use_norm=scaled_norm)[0]
-
+    clip = functools.partial(_clip, limit=clip_global_norm, scale=scale, norm=scaled_norm)
     grads = clip(grads)
     learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
 
     def apply_all():
         per_device.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
-        for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
-            if value is not None:
-                with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
-                    variable.assign(value)
+        _assign_state(model, new_state)
         if also is not None:
             also(clip)
         return global_step.assign_add(1)
 
+    finite, step = _unless_not_finite(apply_all, loss, scaled_norm, loss_scale, global_step)
+    norm = scaled_norm / scale
+    return {"step": step, "finite": finite, "learning_rate": learning_rate, "grad_norm": norm, "gradients": grads}
+
+
+def _clip(tensors: list, limit: float, scale, norm) -> list:
+    """`tensors` (scaled by `scale`, of global norm `norm`) clipped so the true gradient's norm is at most
+    `limit`; as they are when `limit` is 0."""
+    if not limit:
+        return tensors
+    # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
+    return tf.clip_by_global_norm(tensors, limit * scale, use_norm=norm)[0]
+
+
+def _assign_state(model, new_state: list) -> None:
+    """The new values of the non-trainable variables assigned, each where it lives; None leaves one as it is."""
+    for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
+        if value is not None:
+            with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
+                variable.assign(value)
+
+
+def _unless_not_finite(apply_all, loss, scaled_norm, loss_scale, global_step):
+    """(finite, step after): `apply_all()` when the loss and gradient are finite, else the step as it was; with
+    fp16's loss scale always (its optimizer skips a non-finite update and lowers the scale itself)."""
     if loss_scale is None:
         finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(scaled_norm))
-        step = tf.cond(finite, apply_all, global_step.read_value)
-    else:
-        finite, step = tf.constant(True), apply_all()
-    return {
-        "step": step,
-        "finite": finite,
-        "learning_rate": learning_rate,
-        "grad_norm": scaled_norm / scale,
-        "gradients": grads,
-    }
+        return finite, tf.cond(finite, apply_all, global_step.read_value)
+    return tf.constant(True), apply_all()
