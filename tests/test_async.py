@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tests._console import on_line
 from trainer.loop.build import build
 from trainer.loop.run import train
-from trainer.step.staleness import Gate, Stopped, TowerFailed
+from trainer.step.asynchronous.gate import Gate, Stopped, TowerFailed
 from trainer.system.stop import StopRequested
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainer.step import calls
-from trainer.step.calls import CallSize
+from trainer.step.core import calls
+from trainer.step.core.calls import CallSize
 
 
 def test_fixed_size_is_capped_by_the_window():

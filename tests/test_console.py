@@ -70,7 +70,7 @@ def test_the_banner_of_a_pipeline_names_its_stages_their_layers_and_where_their_
     """2 devices as 1 pipeline of 2 stages: no `towers 2` line, each stage's device, layers and variables; and
     what the stage lines say is where the built model's variables are."""
     from trainer.loop.build import build
-    from trainer.step import spread
+    from trainer.step.core import spread
 
     config = make_config(towers={"pipeline_stages": 2}, loop={"train_steps": 2, "log_every_steps": 2})
     metrics = train(config)

@@ -139,11 +139,31 @@ def _architecture() -> str:
 
 
 def test_the_map_lists_every_trainer_module_on_its_floor():
+    """Every module of a floor is named in its row; a floor's folders (trainer/step's) as `folder/`, then theirs."""
     rows = [line for line in _architecture().splitlines() if line.startswith("| ")]
     for package in ("settings", "system", "step", "outputs", "loop"):
         (row,) = [line for line in rows if f"| `trainer/{package}` |" in line]
-        modules = sorted(p for p in os.listdir(os.path.join(ROOT, "trainer", package)) if p.endswith(".py"))
-        assert [m for m in modules if m != "__init__.py" and f"`{m}`" not in row] == [], package
+        top = pathlib.Path(ROOT, "trainer", package)
+        missing = [m.name for m in top.glob("*.py") if m.name != "__init__.py" and f"`{m.name}`" not in row]
+        for folder in sorted(p for p in top.iterdir() if (p / "__init__.py").is_file()):
+            named = row.split(f"`{folder.name}/`:", 1)[1].split("; `", 1)[0] if f"`{folder.name}/`:" in row else ""
+            modules = [m.name for m in folder.glob("*.py") if m.name != "__init__.py"]
+            missing += [f"{folder.name}/{m}" for m in modules if f"`{m}`" not in named]
+        assert sorted(missing) == [], package
+
+
+def test_a_pipeline_run_cuts_its_model_once(make_config, monkeypatch):
+    """`build` of a pipeline run cuts the model it trains once (`trainer.step.pipeline.cut.cut_of`): the step's
+    runner and eval's forward share that cut. The placement cuts the probe model it builds first, to know where
+    each variable goes before the real one is built (`trainer.step.core.spread.build_spread`): two in all."""
+    from models import stages
+    from trainer.loop.build import build
+
+    cuts = []
+    cut = stages.cut
+    monkeypatch.setattr(stages, "cut", lambda model, *args: cuts.append(id(model)) or cut(model, *args))
+    build(make_config(towers={"num_towers": 2, "pipeline_stages": 2}))
+    assert len(cuts) == 2 and len(set(cuts)) == 2  # the probe's, then the trained model's, each once
 
 
 def test_the_map_names_where_each_decision_is_made_and_those_functions_exist():

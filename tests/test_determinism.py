@@ -212,7 +212,7 @@ def test_cache_does_not_change_the_weights(make_config, tmp_path, monkeypatch):
 def test_steps_per_call_changes_no_bit(make_config, tmp_path, monkeypatch):
     """Several steps per tf.function call (an in-graph loop) give the weights and the logged metrics of one
     step per call, for fixed sizes that cut windows unevenly, auto, and other tower counts."""
-    from trainer.step.sync import SyncUpdate
+    from trainer.step.sync.sync_update import SyncUpdate
 
     sizes = []  # steps each in-graph loop call ran
     original = SyncUpdate._lean_call

@@ -9,7 +9,7 @@ import time
 import keras
 import pytest
 
-from trainer.step import footprint
+from trainer.step.memory import estimate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ def test_activations_are_every_layer_output_per_example():
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(16)(inputs)
     model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.ReLU()(hidden)))
-    assert footprint.activation_bytes_per_example(model) == 4 * (8 + 16 + 16 + 3)  # input, dense, relu, logits
+    assert estimate.activation_bytes_per_example(model) == 4 * (8 + 16 + 16 + 3)  # input, dense, relu, logits
 
 
 @pytest.mark.quick
@@ -61,12 +61,12 @@ def test_on_gpus_a_stage_is_counted_on_its_own_device_and_on_cpus_a_pipeline_onc
 
     need_mb = (activations * 16 + weights) / (1 << 20)  # one micro-batch of 16 at a time on a GPU
     with pytest.raises(cfg.ConfigError, match=r"a step needs at least ~0\.0 GB \(12 KB of activations per"):
-        footprint.check_batch_fits(model, config(1, int(need_mb) - 1), (1000,))
-    footprint.check_batch_fits(model, config(1, int(need_mb) + 1), (1000,))
-    footprint.check_batch_fits(model, config(4, int(need_mb / 4) + 1), (1000,))
+        estimate.check_batch_fits(model, config(1, int(need_mb) - 1), (1000,))
+    estimate.check_batch_fits(model, config(1, int(need_mb) + 1), (1000,))
+    estimate.check_batch_fits(model, config(4, int(need_mb / 4) + 1), (1000,))
     with pytest.raises(cfg.ConfigError, match="16 examples computed at once"):
-        footprint.check_batch_fits(model, config(4, int(need_mb / 4) - 1), (1000,))
-    monkeypatch.setattr(footprint, "available_bytes", lambda config: 1)  # the host: counted, then refused
+        estimate.check_batch_fits(model, config(4, int(need_mb / 4) - 1), (1000,))
+    monkeypatch.setattr(estimate, "available_bytes", lambda config: 1)  # the host: counted, then refused
     for num_stages, examples in ((1, 64), (2, 32), (4, 16)):  # a micro-batch of 16 per pipeline at once
         with pytest.raises(cfg.ConfigError, match=f" x {examples} examples computed at once"):
-            footprint.check_batch_fits(model, config(num_stages, 0, "cpu"), (1000,))
+            estimate.check_batch_fits(model, config(num_stages, 0, "cpu"), (1000,))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.step import fused, update
+from trainer.step.update import fused_kernels, per_device
 
 SHAPES = [(3, 3, 1, 32), (32,), (1024, 128), (128,), (128, 10)]
 
@@ -45,7 +45,7 @@ def _keras(optimizer, grads, variables):
 
 
 def _schedule():
-    step = tf.Variable(0.0, trainable=False)  # a callable rate, as trainer.step.optim builds it
+    step = tf.Variable(0.0, trainable=False)  # a callable rate, as trainer.step.update.optimizers builds it
 
     def rate():
         step.assign_add(1.0)
@@ -58,9 +58,9 @@ def _schedule():
 @pytest.mark.parametrize("momentum", [0.0, 0.9, 0.6])
 def test_fused_sgd_is_keras_bit_for_bit(momentum):
     make = lambda: keras.optimizers.SGD(_schedule(), momentum=momentum)  # noqa: E731
-    assert fused.fusable(make())
+    assert fused_kernels.fusable(make())
     keras_vars, keras_state, _ = _train(make, _keras)
-    fused_vars, fused_state, op_types = _train(make, update.apply_gradients)
+    fused_vars, fused_state, op_types = _train(make, per_device.apply_gradients)
     kernel = "ResourceApplyKerasMomentum" if momentum else "ResourceApplyGradientDescent"
     assert op_types.count(kernel) == len(SHAPES)  # the fused path was taken, one op per variable
     for a, b in zip(keras_vars + keras_state, fused_vars + fused_state, strict=True):
@@ -84,9 +84,9 @@ def test_fused_sgd_is_keras_bit_for_bit(momentum):
     ids=["adam", "adamw", "nesterov", "clipnorm", "weight_decay", "ema", "loss_scale"],
 )
 def test_other_optimizers_give_keras_bits_without_fused_kernels(optimizer):
-    assert not fused.fusable(optimizer())
+    assert not fused_kernels.fusable(optimizer())
     keras_vars, keras_state, _ = _train(optimizer, _keras, steps=3)
-    fused_vars, fused_state, op_types = _train(optimizer, update.apply_gradients, steps=3)
+    fused_vars, fused_state, op_types = _train(optimizer, per_device.apply_gradients, steps=3)
     assert not [t for t in op_types if t.startswith("ResourceApply")]
     for a, b in zip(keras_vars + keras_state, fused_vars + fused_state, strict=True):
         assert _bits(a) == _bits(b)
@@ -126,7 +126,7 @@ def test_every_write_of_the_update_runs_on_its_variables_device(optimizer, count
     @tf.function
     def step_fn(grads):
         with tf.device("/device:CPU:2"):  # as the step calls it: under the parameter device
-            update.apply_gradients(opt, list(grads), variables)
+            per_device.apply_gradients(opt, list(grads), variables)
 
     graph = step_fn.get_concrete_function([tf.TensorSpec(v.shape, tf.float32) for v in variables]).graph
     # Outside a cond: each write's device is its variable's.
@@ -136,13 +136,13 @@ def test_every_write_of_the_update_runs_on_its_variables_device(optimizer, count
     # Everywhere, conds' branches included: the writes per device.
     graph_def = graph.as_graph_def()
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    per_device = collections.Counter(n.device[-5:] for n in nodes if n.op in _WRITES)
-    assert per_device["CPU:0"] >= 2 and per_device["CPU:1"] >= 1  # w0, w2 on CPU:0; w1 on CPU:1
-    assert sum(per_device.values()) - per_device["CPU:0"] - per_device["CPU:1"] == counter_writes
+    writes_on = collections.Counter(n.device[-5:] for n in nodes if n.op in _WRITES)
+    assert writes_on["CPU:0"] >= 2 and writes_on["CPU:1"] >= 1  # w0, w2 on CPU:0; w1 on CPU:1
+    assert sum(writes_on.values()) - writes_on["CPU:0"] - writes_on["CPU:1"] == counter_writes
 
 
 def test_the_loss_scale_is_skipped_halved_and_doubled_as_keras_does():
-    """fp16's optimizer through `trainer.step.update` against Keras's, over finite steps (the scale doubles
+    """fp16's optimizer through `trainer.step.update.per_device` against Keras's, over finite steps (the scale doubles
     after `dynamic_growth_steps`) and a non-finite one (skipped, the scale halved): the same bits."""
     steps = _gradients(6)
     steps[2][1][0] = np.inf
@@ -162,6 +162,6 @@ def test_the_loss_scale_is_skipped_halved_and_doubled_as_keras_does():
         return [v.numpy() for v in variables + list(optimizer.variables)], scales
 
     keras_values, keras_scales = run(_keras)
-    values, scales = run(update.apply_gradients)
+    values, scales = run(per_device.apply_gradients)
     assert scales == keras_scales == [8.0, 16.0, 8.0, 8.0, 16.0, 16.0]
     assert all(_bits(a) == _bits(b) for a, b in zip(keras_values, values, strict=True))

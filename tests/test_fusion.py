@@ -1,4 +1,4 @@
-"""Tensor fusion across tasks (trainer.step.fusion, --fuse_transfers): the same bits, fewer transfers.
+"""Tensor fusion across tasks (trainer.step.transfers.fused_buffers, --fuse_transfers): the same bits, fewer transfers.
 
 Tasks are stood in for by groups of the 4 logical CPU devices (as in tests/test_tree.py) for the bits of
 several placements and the transfer counts read off the traced step, and by processes talking gRPC on
@@ -17,8 +17,9 @@ from tasks.classify import Classify
 from tests._cluster_helpers import Job, grouped_placement, metrics, tf_config_envs
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
-from trainer.step import fusion, spread, traffic, tree
-from trainer.step.sync import SyncUpdate
+from trainer.step.core import spread, tree
+from trainer.step.sync.sync_update import SyncUpdate
+from trainer.step.transfers import fused_buffers, traffic
 from trainer.system import determinism
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
@@ -31,7 +32,7 @@ def _digest(values) -> str:
 def _build(num_tasks: int, towers_per_task: int, placement_name: str, k: int, fuse: bool) -> SyncUpdate:
     """A SyncUpdate of the cnn (conv kernels, BatchNorm statistics: float32; Dropout seed states: integers) on
     8x8x1 inputs over `num_tasks` groups of logical devices, K = `k` micro-batches of 2 examples, momentum;
-    under spread on several tasks its large kernels are mirrored (`trainer.step.mirrors`)."""
+    under spread on several tasks its large kernels are mirrored (`trainer.step.transfers.mirrors`)."""
     n = num_tasks * towers_per_task
     towers, hosts, placement = grouped_placement(num_tasks, towers_per_task, placement_name)
     determinism.configure(0, True)  # as every run's build does
@@ -138,7 +139,7 @@ def test_a_shape_known_only_at_run_time_is_sent_on_its_own():
     towers = ("/device:CPU:0", "/device:CPU:1")  # 2 tasks of one tower each, the CPU the tower's device
     a, b = np.arange(5, dtype=np.float32), np.arange(3, dtype=np.float32) / 7
     sums = {}
-    for layout in (tree.Layout(towers, towers, 2), fusion.FusedLayout(towers, towers, 2)):
+    for layout in (tree.Layout(towers, towers, 2), fused_buffers.FusedLayout(towers, towers, 2)):
 
         @tf.function(input_signature=[tf.TensorSpec([None]), tf.TensorSpec([3])])
         def step(dynamic, static, layout=layout):

@@ -262,7 +262,7 @@ def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_o
     MiB), refused too. With --pipeline_remat it keeps only their inputs, recomputes one micro-batch's
     activations in its backward, and the run builds and trains."""
     from trainer.loop.build import build
-    from trainer.step import stepmemory
+    from trainer.step.memory import device_memory
 
     def config(num_stages, remat=False):
         base = _config(make_config, paragraphs, tmp_path, f"wide{num_stages}{remat}", 4)
@@ -288,7 +288,7 @@ def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_o
     assert kept_mib, str(staged.value)
     trainer = build(config(4, remat=True))
     try:
-        needs = stepmemory.needs(trainer.updater, trainer.optimizer, 33)
+        needs = device_memory.needs(trainer.updater, trainer.optimizer, 33)
         assert max(n.total for n in needs) <= 7 << 20
         assert [n.in_flight for n in needs] == [4, 3, 2, 1]  # 1f1b, K = 4
         # What a recomputing stage keeps per micro-batch is its inputs, read off the graph: 2 sequences of

@@ -1,4 +1,4 @@
-"""Mirrored variables (trainer.step.mirrors): large variables kept on every task, their gradients all-reduced.
+"""Mirrored variables (trainer.step.transfers.mirrors): large variables kept on every task, their gradients all-reduced.
 
 Tasks are stood in for by groups of the 4 logical CPU devices, as in tests/test_tree.py: the same code as on
 several machines, in one process. The weights must be bitwise those of one task, every replica bitwise its
@@ -16,8 +16,9 @@ from tasks.classify import Classify
 from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
-from trainer.step import mirrors, spread
-from trainer.step.sync import SyncUpdate
+from trainer.step.core import spread
+from trainer.step.sync.sync_update import SyncUpdate
+from trainer.step.transfers import mirrors
 from trainer.system import determinism
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy

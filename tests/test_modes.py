@@ -15,7 +15,7 @@ from trainer.outputs import rundir
 from trainer.outputs.summaries import run_hparams
 from trainer.settings import config as cfg
 from trainer.step import modes
-from trainer.step.updater import StepResult, Updater
+from trainer.step.stepper import StepResult, Updater
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,7 +15,7 @@ import pytest
 from models import stages
 from models.registry import ModelError
 from trainer.settings import config as cfg
-from trainer.step import schedules
+from trainer.step.pipeline import schedules
 
 K = 8
 CNN_THREE_STAGES = ["conv1..bn2", "relu2..dense1", "dropout2..logits"]  # dense1 holds most bytes
@@ -287,13 +287,13 @@ def _after(op, controlled: dict) -> set:
 
 @pytest.mark.quick
 def test_a_refusal_names_what_a_backward_recomputes():
-    from trainer.step import stepmemory
+    from trainer.step.memory import device_memory
 
-    need = stepmemory.DeviceNeed("/device:CPU:0", state=3 << 20, kept=1 << 19, in_flight=4, recomputed=5 << 20)
+    need = device_memory.DeviceNeed("/device:CPU:0", state=3 << 20, kept=1 << 19, in_flight=4, recomputed=5 << 20)
     assert need.total == 10 << 20
-    stepmemory.check([need], 10)  # fits
+    device_memory.check([need], 10)  # fits
     with pytest.raises(cfg.ConfigError) as refused:
-        stepmemory.check([need], 9)
+        device_memory.check([need], 9)
     assert str(refused.value).startswith(
         "a step needs ~10.0 MiB on /device:CPU:0 (variables, slots and gradients 3.0 MiB + 4 micro-batch(es) x "
         "0.5 MiB of kept activations + 5.0 MiB recomputed in a backward), more than --device_memory_mb=9; "
@@ -311,7 +311,7 @@ def test_the_cut_depends_on_the_bytes_alone():
 
 @pytest.mark.quick
 def test_the_measured_bubble_is_each_devices_idle_share_of_its_pipelines_span():
-    from trainer.step.pipeline import bubble_of
+    from trainer.step.pipeline.clock import bubble_of
 
     # 2 stages, 2 micro-batches, one pipeline, 1f1b: stage 0 runs F0 [0,1], F1 [1,2], B0 [4,6], B1 [6,8];
     # stage 1 runs F0 [1,2], B0 [2,4], F1 [4,5], B1 [5,6]. Span 0..8; busy 6 and 5.

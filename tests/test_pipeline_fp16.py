@@ -1,5 +1,5 @@
 """fp16 through pipeline stages: the loss scale carried as a tower carries it, so the weights are those of one
-stage (`trainer.step.pipeline`, docs/pipelines.md)."""
+stage (`trainer.step.pipeline.runner`, docs/pipelines.md)."""
 
 import numpy as np
 import pytest
@@ -9,12 +9,12 @@ from tests.test_pipeline import _config
 
 @pytest.mark.quick
 def test_an_earlier_stages_regularisation_gets_the_gradient_the_whole_models_tape_gives_it():
-    """What `pipeline._reg_gradient` hands a stage's regularisation sum is d(total)/d(reg) of a tower's total
+    """What `stage_events.reg_gradient` hands a stage's regularisation sum is d(total)/d(reg) of a tower's total
     (`towers.run_micro_batch`): weight, or with fp16's scale per_weight(loss + weight * reg, weight) * scale."""
     import tensorflow as tf
 
-    from trainer.step import pipeline
-    from trainer.step import towers as tw
+    from trainer.step.core import micro_batch as mb
+    from trainer.step.pipeline import stage_events
 
     rng = np.random.default_rng(5)
     for weight, scale in [(0.0, 32768.0), (3.0, 32768.0), (17.0, 1.0)] + [
@@ -26,9 +26,9 @@ def test_an_earlier_stages_regularisation_gets_the_gradient_the_whole_models_tap
             with tf.GradientTape() as tape:
                 tape.watch(reg)
                 total = loss + weight * reg
-                total = total if with_scale is None else tw.per_weight(total, weight) * with_scale
-            flow = pipeline._Flow(None, 0, [], [], [], {}, {}, with_scale, weight=weight)
-            assert pipeline._reg_gradient(flow).numpy() == tape.gradient(total, reg).numpy()
+                total = total if with_scale is None else mb.per_weight(total, weight) * with_scale
+            flow = stage_events.Flow(None, 0, [], [], [], {}, {}, with_scale, weight=weight)
+            assert stage_events.reg_gradient(flow).numpy() == tape.gradient(total, reg).numpy()
 
 
 def test_fp16s_loss_scale_goes_through_the_stages_with_the_bits_of_one_stage(tmp_path):

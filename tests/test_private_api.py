@@ -86,9 +86,9 @@ def test_the_scan_finds_a_private_read_and_a_private_import(tmp_path):
 
 
 def test_traffic_follows_a_cond_into_its_branch():
-    """`trainer.step.traffic` walks a cond's true branch (`op._true_graph`): the bytes its ops pull to
+    """`trainer.step.transfers.traffic` walks a cond's true branch (`op._true_graph`): the bytes its ops pull to
     another device count."""
-    from trainer.step import traffic
+    from trainer.step.transfers import traffic
 
     @tf.function
     def step(x, pred):

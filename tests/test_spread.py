@@ -14,8 +14,9 @@ from trainer.loop.inputs import PlacedIterator
 from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.settings.config import RunConfig
-from trainer.step import spread, traffic
-from trainer.step.sync import SyncUpdate
+from trainer.step.core import spread
+from trainer.step.sync.sync_update import SyncUpdate
+from trainer.step.transfers import traffic
 from trainer.system import devices
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
@@ -134,7 +135,7 @@ import json, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
 import keras, models
-from trainer.step import spread
+from trainer.step.core import spread
 towers = tuple(f"/device:CPU:{i}" for i in range(4))
 build = lambda: models.build_model("resnet20", (32, 32, 3), 10)
 model = spread.build_spread(build, towers, reseed=lambda: keras.utils.set_random_seed(0))
@@ -196,7 +197,7 @@ def test_traffic_matches_a_hand_count():
     assert gpu.unknown_edges == 0
     # Spread: CPU:0 owns the 6x5 kernel (120 B), CPU:1 the other three (92 B); greedy by bytes in order.
     # CPU:0 sends its kernel to tower 1 (120), tower 0's gradients of CPU:1's variables (92), and the learning
-    # rate once for the three updates on CPU:1 (4: `trainer.step.fused` reads one copy per device). CPU:1 sends
+    # rate once for the three updates on CPU:1 (4: `fused_kernels` reads one copy per device). CPU:1 sends
     # its values to tower 0 (92), tower 1's kernel gradient (120), loss, weight, accuracy sum and count (16), and
     # its variables' squared norms for the global norm (3 x 4). The global weight the gradients are divided by
     # is summed on CPU:0 (the loss's device), beside tower 0's weight.

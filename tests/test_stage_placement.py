@@ -71,21 +71,21 @@ def test_a_layer_inside_a_residual_block_is_not_a_place():
 
 @pytest.mark.quick
 def test_the_number_of_names_must_be_one_less_than_the_stages():
-    from trainer.settings import validate
+    from trainer.step import modes
 
     towers = cfg.TowerConfig(num_towers=4, device="cpu", pipeline_stages=2, pipeline_cuts=("a", "b"))
     with pytest.raises(cfg.ConfigError, match=r"--pipeline_cuts names 2 place\(s\) and --pipeline_stages=2 needs 1"):
-        validate.validate(cfg.RunConfig(towers=towers))
+        modes.settle(cfg.RunConfig(towers=towers))
     one_stage = cfg.TowerConfig(num_towers=4, device="cpu", pipeline_cuts=("a",))
     with pytest.raises(cfg.ConfigError, match=r"--pipeline_cuts names 1 place\(s\) and --pipeline_stages=1 needs 0"):
-        validate.validate(cfg.RunConfig(towers=one_stage))
+        modes.settle(cfg.RunConfig(towers=one_stage))
     plan = cfg.TowerConfig(num_towers=4, pipeline_stages=2, pipeline_cuts=("a",)).pipeline
     assert plan == cfg.Pipeline(stages=2, schedule="1f1b", cuts=("a",))
 
 
 @pytest.mark.quick
 def test_eval_runs_each_stage_of_a_parts_pipeline_on_its_device_with_the_whole_models_outputs():
-    from trainer.step import runners
+    from trainer.step.sync import runners
 
     model = _cnn()
     towers = [f"/device:CPU:{i}" for i in range(4)]

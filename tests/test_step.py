@@ -9,8 +9,8 @@ import models
 from tasks.classify import Classify
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import OptimizerConfig, RunConfig, TowerConfig
-from trainer.step import optim
-from trainer.step.sync import SyncUpdate
+from trainer.step.sync.sync_update import SyncUpdate
+from trainer.step.update import optimizers
 from trainer.system import determinism, devices
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
@@ -58,7 +58,7 @@ def test_tower_step_equals_plain_step(name, num_towers, micro_batches):
     reference, _, _ = _model_and_batch(name)
     placement = devices.place(TowerConfig(num_towers=num_towers, device="cpu", parameter_device="cpu"))
     step = tf.Variable(0, dtype=tf.int64)
-    optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
+    optimizer = optimizers.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
     optimizer.build(model.trainable_variables)
     update = SyncUpdate(
         CLASSIFY, model, optimizer, placement, micro_batches, step, _streams(features, labels, micro_batches)
@@ -90,7 +90,7 @@ def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
     assert any((np.float32(3) * s) / np.float32(3) != s for s in np.concatenate(stats))  # would drift
     placement = devices.place(TowerConfig(num_towers=1, device="cpu", parameter_device="cpu"))
     step = tf.Variable(0, dtype=tf.int64)
-    optimizer = optim.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
+    optimizer = optimizers.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
     optimizer.build(model.trainable_variables)
     features = rng.random((24, 8, 8, 1)).astype(np.float32)
     labels = rng.integers(0, 10, 24).astype(np.int32)

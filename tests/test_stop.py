@@ -16,7 +16,7 @@ import tensorflow as tf
 from trainer.loop import run as run_lib
 from trainer.loop.evaluate import Evaluator
 from trainer.outputs.checkpoint import Checkpointer
-from trainer.step.asynchronous import AsyncUpdate
+from trainer.step.asynchronous.async_update import AsyncUpdate
 from trainer.system import stop as stop_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

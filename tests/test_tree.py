@@ -1,4 +1,4 @@
-"""The fixed summation tree (trainer.step.tree): its shape depends on K alone, and a task sends one partial sum
+"""The fixed summation tree (trainer.step.core.tree): its shape depends on K alone, and a task sends one partial sum
 per maximal subtree it holds, read from the traced step with tasks stood in for by groups of logical devices."""
 
 import keras
@@ -9,8 +9,9 @@ from tasks.classify import Classify
 from tests._cluster_helpers import grouped_placement
 from trainer.loop.inputs import PlacedIterator
 from trainer.settings.config import RunConfig
-from trainer.step import spread, traffic, tree
-from trainer.step.sync import SyncUpdate
+from trainer.step.core import spread, tree
+from trainer.step.sync.sync_update import SyncUpdate
+from trainer.step.transfers import traffic
 
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 
@@ -156,7 +157,7 @@ def test_a_power_of_two_towers_per_task_is_one_partial_sum_per_task():
 
 @pytest.mark.parametrize("tasks, towers", [(2, 1), (2, 2), (3, 1), (4, 1)])
 def test_mirrored_variables_move_the_ring_bound(tasks, towers):
-    """Spread with the large kernels mirrored (`trainer.step.mirrors`: at M = 4 the 20 B bias too): every task
+    """Spread with the large kernels mirrored (`trainer.step.transfers.mirrors`: at M = 4 the 20 B bias too): every task
     moves 2(M-1)/M x the model's bytes each way, plus scalars (partial loss, weight and accuracy sums and counts,
     the global weight each task divides its mirrored gradients by, squared norms, the global step each replica's
     optimizer reads for its learning rate), at most 80 B here. Owned whole, the

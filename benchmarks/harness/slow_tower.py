@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-from trainer.step import towers as tw
+from trainer.step.core import micro_batch as mb
 
 
 def _same_device(a: str, b: str) -> bool:
@@ -44,6 +44,6 @@ def _slowed(inner, device: str, factor: float):
         with tf.control_dependencies([result.loss, *result.grads]):
             slept = tf.py_function(sleep, [started], tf.float32)
         with tf.control_dependencies([slept]):
-            return tw.MicroBatchResult(*tf.nest.map_structure(tf.identity, result.flat()))
+            return mb.MicroBatchResult(*tf.nest.map_structure(tf.identity, result.flat()))
 
     return micro_batch

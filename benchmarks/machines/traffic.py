@@ -3,8 +3,8 @@
     python -m benchmarks.machines traffic                          # cnn, resnet20, resnet50 at N = 2, 4, 8 (K = N)
     python -m benchmarks.machines traffic --models=cnn --towers=2,4
 
-Counted from the traced step (`trainer.step.traffic.count`), not timed: the figure is what a layout asks of the
-busiest device, the same on any machine. N towers are logical CPU devices 0..N-1 standing in for GPUs and
+Counted from the traced step (`trainer.step.transfers.traffic.count`), not timed: the figure is what a layout
+asks of the busiest device, the same on any machine. N towers are logical CPU devices 0..N-1 standing in for GPUs and
 one more logical device, N, stands for the host, so `cpu` (variables on the host) and `gpu` (variables on
 the first tower) differ as they would on a GPU machine. A process configures its logical devices once, so
 each N runs in its own subprocess. Ideal = 2(N-1)/N x model bytes (all model variables, BatchNorm statistics
@@ -31,7 +31,7 @@ NUM_CLASSES = 10
 def measure(model: str, num_towers: int, placement_name: str, per_micro_batch: int = 2, time_steps: int = 0) -> dict:
     """Builds the trainer's model, optimizer and sync step for one placement and counts its traffic; with
     `time_steps`, also times windows of that many steps (median examples/sec of 3, after one warm-up)."""
-    from trainer.step import traffic
+    from trainer.step.transfers import traffic
 
     step, variables, host = _sync_step(model, num_towers, placement_name, per_micro_batch)
     graph = step.step_graph()
@@ -60,7 +60,7 @@ def _sync_step(model: str, num_towers: int, placement_name: str, per_micro_batch
     from tasks.classify import Classify
     from trainer.loop.build import build_model_and_optimizer
     from trainer.settings import config as cfg
-    from trainer.step.sync import SyncUpdate
+    from trainer.step.sync.sync_update import SyncUpdate
 
     placement = _placement(num_towers, placement_name)
     config = cfg.RunConfig(

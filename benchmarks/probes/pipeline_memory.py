@@ -2,7 +2,7 @@
 of a pipeline holds, at S = 1, 2, 4, counted from the built model and the traced graph (a CPU device reports no
 allocator statistics, so nothing here is read from an allocator).
 
-Per device, as `--device_memory_mb` counts it (`trainer/step/stepmemory.py`): the parameter state (the
+Per device, as `--device_memory_mb` counts it (`trainer/step/memory/device_memory.py`): the parameter state (the
 variables and optimizer slots TensorFlow placed there, plus one gradient per variable) and the activations one
 micro-batch keeps for its backward pass on that stage (read from the traced graph; the language model's padded
 length counted as the context + 1), times the micro-batches the schedule keeps in flight on it (1f1b: S - s;
@@ -29,10 +29,10 @@ CONTEXT = 64  # the language model's; a padded length is counted at CONTEXT + 1
 
 
 def measure(task: str, num_stages: int, micro_batches: int, schedule: str, remat: bool = False) -> dict:
-    from trainer.step import stepmemory
+    from trainer.step.memory import device_memory
 
     trainer = _build(task, num_stages, micro_batches, schedule, remat)
-    per_device = stepmemory.needs(trainer.updater, trainer.optimizer, CONTEXT + 1)[:num_stages]  # pipeline 0
+    per_device = device_memory.needs(trainer.updater, trainer.optimizer, CONTEXT + 1)[:num_stages]  # pipeline 0
     trainer.updater.close()
     return {
         "state": [need.state for need in per_device],
@@ -85,12 +85,12 @@ def _build(task: str, num_stages: int, micro_batches: int, schedule: str, remat:
 def paper(task: str, per_pipeline: int) -> None:
     """The paper model's layout: 8 devices as 2 pipelines of 4 stages, `per_pipeline` micro-batches each: what
     every device needs (pipeline 1's devices hold no variables: they read pipeline 0's), with and without remat."""
-    from trainer.step import stepmemory
+    from trainer.step.memory import device_memory
 
     for schedule in ("1f1b", "gpipe"):
         for remat in (False, True):
             trainer = _build(task, 4, 2 * per_pipeline, schedule, remat, num_towers=8)
-            needs = stepmemory.needs(trainer.updater, trainer.optimizer, CONTEXT + 1)
+            needs = device_memory.needs(trainer.updater, trainer.optimizer, CONTEXT + 1)
             trainer.updater.close()
             print(
                 f"{task} 2 pipelines x 4 stages, K={2 * per_pipeline} ({per_pipeline} per pipeline), {schedule:5s} "

@@ -124,7 +124,7 @@ _model_2, _model_4, _model_8 = (_model_factory(s) for s in (2, 4, 8))
 def in_flight_from_times(events: list, stage: int) -> int:
     """The most micro-batches `stage` held between their forward and backward, its events ordered by the
     times they started."""
-    from trainer.step import schedules
+    from trainer.step.pipeline import schedules
 
     mine = sorted((start, name.split(":")[1]) for name, (start, _) in events if int(name.split(":")[0]) == stage)
     return schedules.in_flight([(event[0], int(event[1:])) for _, event in mine])

@@ -23,9 +23,15 @@ from trainer.loop.records import reader_for
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings
-from trainer.step import mirrors, modes, optim, runners, spread, stepmemory, towers
+from trainer.step import modes
+from trainer.step.core import micro_batch as towers
+from trainer.step.core import spread
+from trainer.step.memory import device_memory as stepmemory
 from trainer.step.modes import Plan
-from trainer.step.updater import Updater
+from trainer.step.stepper import Updater
+from trainer.step.sync import runners
+from trainer.step.transfers import mirrors
+from trainer.step.update import optimizers as optim
 from trainer.system import determinism, devices, runtime
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from trainer.outputs import progress as progress_lib
 from trainer.settings.config import LoopConfig
-from trainer.step.updater import Updater
+from trainer.step.stepper import Updater
 from trainer.system import stop as stop_lib
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from trainer.step import towers as tw
-from trainer.step import tree
+from trainer.step.core import micro_batch as tw
+from trainer.step.core import tree
 from trainer.system.devices import Placement
 
 

@@ -22,7 +22,7 @@ from trainer.outputs.export import TaskServing
 from trainer.outputs.serving_labeled import Serving as LabeledServing
 from trainer.settings.config import RunConfig
 from trainer.settings.preprocess import DataSettings, data_settings
-from trainer.step import footprint
+from trainer.step.memory import estimate as footprint
 
 
 class LabeledRecords:

@@ -23,8 +23,9 @@ from trainer.outputs.event_files import purge_events
 from trainer.outputs.export import export_saved_model
 from trainer.outputs.summaries import Summaries, variable_tags
 from trainer.settings.config import RunConfig
-from trainer.step import modes, towers
-from trainer.step.staleness import TowerFailed
+from trainer.step import modes
+from trainer.step.asynchronous.gate import TowerFailed
+from trainer.step.core import micro_batch as towers
 from trainer.system import distributed, peers, stall
 from trainer.system import stop as stop_lib
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 from trainer.outputs.costs import cost_warnings
 from trainer.outputs.progress import format_duration
 from trainer.settings.config import RunConfig
-from trainer.step import pipeline
+from trainer.step.pipeline.runner import PipelineRunner
 
 
 def start_lines(config: RunConfig, state) -> list[str]:
@@ -41,15 +41,15 @@ def start_lines(config: RunConfig, state) -> list[str]:
     ]
 
 
-def _pipeline_runner(updater) -> pipeline.PipelineRunner | None:
+def _pipeline_runner(updater) -> PipelineRunner | None:
     """The step's pipeline runner, or None when each micro-batch runs whole on a tower (or the mode has none)."""
     runner = getattr(updater, "runner", None)
-    return runner if isinstance(runner, pipeline.PipelineRunner) else None
+    return runner if isinstance(runner, PipelineRunner) else None
 
 
-def _variables_where(state, staged: pipeline.PipelineRunner | None) -> str:
+def _variables_where(state, staged: PipelineRunner | None) -> str:
     """Where the model's variables live: each stage's on its device, spread over the towers (with those kept on
-    every task, `trainer.step.mirrors`), or all on the parameter device."""
+    every task, `trainer.step.transfers.mirrors`), or all on the parameter device."""
     placement = state.placement
     if staged is not None:
         return "on each stage's device" + (" of pipeline 0" if staged.num_pipelines > 1 else "")
@@ -66,7 +66,7 @@ def _tower_lines(placement, mode: str) -> list[str]:
     return [f"towers     {len(placement.towers)} ({mode}): {towers}"]
 
 
-def _pipeline_lines(runner: pipeline.PipelineRunner, placement, mode: str) -> list[str]:
+def _pipeline_lines(runner: PipelineRunner, placement, mode: str) -> list[str]:
     """`pipelines P of S stages (...)`: each pipeline's devices in stage order; then a line per stage: its
     layers, and its variables' size and device (the stage's device of pipeline 0, which the others read)."""
     how = f"{mode}; {runner.schedule} schedule"
@@ -83,7 +83,7 @@ def _pipeline_lines(runner: pipeline.PipelineRunner, placement, mode: str) -> li
     return [head, *(_stage_line(runner, s) for s in range(runner.num_stages))]
 
 
-def _stage_line(runner: pipeline.PipelineRunner, stage: int) -> str:
+def _stage_line(runner: PipelineRunner, stage: int) -> str:
     names = [layer.name for layer in runner.stages[stage].layers]
     layers = f"layer {names[0]}" if len(names) == 1 else f"layers {names[0]}..{names[-1]} ({len(names)} layers)"
     variables = runner.stage_variables(stage)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from trainer.outputs.costs import cost_warnings
-from trainer.step import spread
+from trainer.step.core import spread
 from trainer.system import files, runtime, versions
 
 

@@ -23,7 +23,7 @@ from trainer.settings import table
 from trainer.settings.config import ConfigError, Normalization, RunConfig, flatten
 from trainer.settings.flag import FIXED
 from trainer.settings.preprocess import resolve_augment
-from trainer.step import towers, tree
+from trainer.step.core import micro_batch, tree
 from trainer.step.modes import Plan, mode_for
 
 LOCK_FILE = ".lock"
@@ -31,8 +31,8 @@ RUN_FILE = "run.json"
 # Settings that define the run and are not flags: the number of tasks (a sync run's mode lets it change).
 DERIVED = ("towers.num_tasks",)
 # Settings of the code, not of any flag, that decide the bits: the order the K micro-batch gradients are summed
-# in (`trainer.step.tree`), with how a refused resume names it.
-CODE = {"towers.gradient_order": tree.ORDER, "towers.loss_reduction": towers.LOSS_REDUCTION}
+# in (`trainer.step.core.tree`), with how a refused resume names it.
+CODE = {"towers.gradient_order": tree.ORDER, "towers.loss_reduction": micro_batch.LOSS_REDUCTION}
 CODE_NAMES = {
     "towers.gradient_order": "the order of the gradient sum (docs/determinism.md)",
     "towers.loss_reduction": "how the loss is reduced over the global batch (docs/tasks.md)",

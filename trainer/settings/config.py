@@ -55,6 +55,12 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the flag and what to change."""
 
 
+def _require(ok: bool, message: str) -> None:
+    """Raises `ConfigError(message)` unless `ok`."""
+    if not ok:
+        raise ConfigError(message)
+
+
 @dataclasses.dataclass(frozen=True)
 class Normalization:
     """--normalize, parsed: per-channel means and standard deviations of [0, 1] pixels; empty for none.
@@ -191,12 +197,57 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """How a model is cut into pipeline stages and run through them (`trainer.step.pipeline`); 1 stage: none."""
+    """How a model is cut into pipeline stages and run through them (`trainer.step.pipeline.runner`); 1 stage: none."""
 
     stages: int = 1  # S
     schedule: str = "1f1b"
     cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (`models.stages.cut`); empty: by bytes
-    remat: bool = False  # a stage keeping several micro-batches recomputes its forward (`trainer.step.stagepass`)
+    remat: bool = False  # a stage keeping several micro-batches recomputes its forward (`trainer.step.pipeline`)
+
+    def check(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
+        """Every rule of the --pipeline_* settings, in one place; `modes.settle` runs it once the update mode is
+        known (`UpdateMode.runs_pipelines`: whether its step has micro-batches to send through stages).
+
+        Raises:
+          ConfigError: naming the flags and what to change.
+        """
+        s, cuts = self.stages, self.cuts
+        _require(
+            not cuts or len(cuts) == s - 1,
+            f"--pipeline_cuts names {len(cuts)} place(s) and --pipeline_stages={s} needs {s - 1}: each names the "
+            "layer that ends one stage, the last stage ends with the model",
+        )
+        _require(
+            s > 1 or not self.remat,
+            "--pipeline_remat needs --pipeline_stages > 1: it recomputes each stage's forward pass in its backward "
+            "pass; drop it, or cut the model into stages",
+        )
+        if s > 1:
+            self._check_devices(towers, mode_runs_pipelines)
+
+    def _check_devices(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
+        """The rules of S > 1 stages: whole pipelines on each task, the mode and the options they cannot take."""
+        s = self.stages
+        _require(
+            mode_runs_pipelines,
+            f"--pipeline_stages ({s}) needs --update_mode=sync: a pipeline's stages share one step's micro-batches, "
+            "which async towers do not have",
+        )
+        _require(
+            towers.num_towers % s == 0,
+            f"--pipeline_stages ({s}) must divide --num_gpus ({towers.num_towers}): each task's devices form whole "
+            "pipelines (a pipeline never spans machines)",
+        )
+        _require(
+            towers.parameter_device != "spread",
+            "--parameter_device=spread cannot be used with --pipeline_stages: each stage's variables live on its "
+            "own device already; use gpu or cpu (where the step counter and loss sums live)",
+        )
+        _require(
+            not towers.jit_compile,
+            f"--xla cannot be used with --pipeline_stages ({s}) yet: XLA would compile each stage's pass apart, "
+            "which is not built; use S=1 for it",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,11 +263,11 @@ class TowerConfig:
     max_staleness: int = -1  # async: bound on an update's staleness; negative: unbounded
     jit_compile: bool = False  # XLA-compile the step
     mixed_precision: str = ""  # "", "bf16" or "fp16" (with dynamic loss scaling)
-    pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline)
+    pipeline_stages: int = 1  # S: the model cut into S stages, each on its own device (trainer.step.pipeline.runner)
     pipeline_schedule: str = "1f1b"
     pipeline_cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (models.stages.cut); empty: by bytes
-    pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.stagepass)
-    fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.fusion)
+    pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.pipeline)
+    fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.transfers)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.job.cluster); not a flag
 
     @property
@@ -232,7 +283,7 @@ class TowerConfig:
     @property
     def num_pipelines(self) -> int:
         """Pipelines of the whole run: each of S stages on its own device, so total towers / S."""
-        return self.total_towers // self.pipeline_stages
+        return self.total_towers // self.pipeline.stages
 
     @property
     def num_micro_batches(self) -> int:
@@ -256,7 +307,7 @@ class LoopConfig:
     profile_steps: tuple[int, int] | None = None  # (A, B): profiler trace of steps A+1..B
     max_requeues: int = 3  # Slurm: requeues in a row without a step trained (see launch/job/requeue.py)
     allow_flag_changes: bool = False  # resume although settings that define the run changed (trainer/outputs/rundir.py)
-    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.calls); 0: auto
+    steps_per_call: int = 0  # sync: steps per tf.function call (trainer.step.core.calls); 0: auto
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Rows of the flag table (`trainer.settings.table`) for a model cut into pipeline stages over the towers'
-devices (`trainer.step.pipeline`; docs/pipelines.md). `TowerConfig.pipeline` reads them as one value."""
+devices (`trainer.step.pipeline.runner`; docs/pipelines.md). `TowerConfig.pipeline` reads them as one value."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Every check of a `RunConfig` that needs no TensorFlow: each flag's own (the table's `check` and `choices`),
 then the rules that tie several settings together. Runs once, in `trainer.settings.resolve.resolve`, before
 TensorFlow is imported, so bad input fails fast with a message that names the flag and says what to change.
-Rules that belong to one update mode are the mode's (`trainer.step.modes`).
+Rules that belong to one update mode are the mode's (`trainer.step.modes`); the pipeline's, which need the
+mode, are the `Pipeline` value's own (`trainer.settings.config.Pipeline.check`, run by `modes.settle`).
 """
 
 from __future__ import annotations
@@ -58,39 +59,6 @@ def _towers(t: cfg.TowerConfig) -> None:
     require(
         t.global_batch_size % k == 0,
         f"--global_batch_size ({t.global_batch_size}) must be divisible by --micro_batches ({k})",
-    )
-    _pipeline(t)
-
-
-def _pipeline(t: cfg.TowerConfig) -> None:
-    """What --pipeline_stages needs (the update mode refuses it on its own: `trainer.step.modes`)."""
-    s, cuts = t.pipeline_stages, t.pipeline_cuts
-    require(
-        not cuts or len(cuts) == s - 1,
-        f"--pipeline_cuts names {len(cuts)} place(s) and --pipeline_stages={s} needs {s - 1}: each names the "
-        "layer that ends one stage, the last stage ends with the model",
-    )
-    require(
-        s > 1 or not t.pipeline_remat,
-        "--pipeline_remat needs --pipeline_stages > 1: it recomputes each stage's forward pass in its backward "
-        "pass; drop it, or cut the model into stages",
-    )
-    if s == 1:
-        return
-    require(
-        t.num_towers % s == 0,
-        f"--pipeline_stages ({s}) must divide --num_gpus ({t.num_towers}): each task's devices form whole "
-        "pipelines (a pipeline never spans machines)",
-    )
-    require(
-        t.parameter_device != "spread",
-        "--parameter_device=spread cannot be used with --pipeline_stages: each stage's variables live on its "
-        "own device already; use gpu or cpu (where the step counter and loss sums live)",
-    )
-    require(
-        not t.jit_compile,
-        f"--xla cannot be used with --pipeline_stages ({s}) yet: XLA would compile each stage's pass apart, "
-        "which is not built; use S=1 for it",
     )
 
 

@@ -1,13 +1,13 @@
 """The update modes: what differs between sync and async, in one place. A third mode implements `UpdateMode`
-(and an `trainer.step.updater.Updater`) and registers in `MODES`; nothing else branches on --update_mode.
+(and an `trainer.step.stepper.Updater`) and registers in `MODES`; nothing else branches on --update_mode.
 
 `settle` makes a run's decisions that need no TensorFlow once, at the entry point: the settings resolved and
 checked, and the `UpdateMode` object, in one `Plan` that `train` and `build` take and pass down. Nothing else
 looks this run's mode up by name.
 
 No TensorFlow import at module level: the entry point checks settings (`UpdateMode.check`) before TensorFlow
-is imported, which takes seconds. The steppers (`trainer.step.sync`, `trainer.step.asynchronous`) are imported
-by `build`.
+is imported, which takes seconds. The steppers (`trainer.step.sync`, `trainer.step.asynchronous`) are imported by
+`build`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 
 from trainer.settings.config import ConfigError, RunConfig
 from trainer.settings.resolve import resolve
-from trainer.step.updater import Updater
+from trainer.step.stepper import Updater
 
 log = logging.getLogger("towerflow")
 
@@ -30,6 +30,8 @@ class UpdateMode(abc.ABC):
     # Settings (as `trainer.settings.config.flatten` names them) a resume may change in this mode, beyond the
     # flag table's FREE ones (`trainer.settings.table`).
     resume_may_change: frozenset[str] = frozenset()
+    # Whether a step of this mode has micro-batches to send through pipeline stages (`Pipeline.check`).
+    runs_pipelines: bool = False
 
     def check(self, config: RunConfig) -> None:
         """Raises ConfigError, naming the flags and what to change, for settings this mode cannot run."""
@@ -40,10 +42,10 @@ class UpdateMode(abc.ABC):
         """The tower of each training input stream, in stream order (each stream is read on its tower's host)."""
 
     def make_optimizer(self, config: RunConfig, global_step):
-        """The optimizer, its learning rate a function of `global_step` (`trainer.step.optim.make_optimizer`)."""
-        from trainer.step import optim
+        """The optimizer, its learning rate a function of `global_step` (`optimizers.make_optimizer`)."""
+        from trainer.step.update import optimizers
 
-        return optim.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
+        return optimizers.make_optimizer(config.optimizer, config.loop.train_steps, global_step)
 
     def hparams(self, config: RunConfig) -> dict:
         """The HParams this mode adds to `trainer.outputs.summaries.run_hparams`."""
@@ -53,15 +55,32 @@ class UpdateMode(abc.ABC):
         """What this mode adds to metrics.json, over the run of `updater`."""
         return {}
 
-    @abc.abstractmethod
     def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        """The stepper of `task`'s `model`: `iterators` are the streams `stream_towers` laid out."""
+        """The stepper of `task`'s `model`: `iterators` are the streams `stream_towers` laid out. What every
+        mode's updater takes (`trainer.step.update.apply.BaseUpdate`, and the towers' compile) is passed here,
+        once; the mode adds its own (`updater`)."""
+        shared = {
+            "task": task,
+            "model": model,
+            "optimizer": optimizer,
+            "placement": placement,
+            "global_step": global_step,
+            "iterators": iterators,
+            "clip_global_norm": config.optimizer.clip_global_norm,
+            "jit_compile": config.towers.jit_compile,
+        }
+        return self.updater(shared, config)
+
+    @abc.abstractmethod
+    def updater(self, shared: dict, config: RunConfig) -> Updater:
+        """This mode's `Updater` from the arguments every mode's takes (`build`) and its own settings."""
 
 
 class SyncMode(UpdateMode):
     """K micro-batches per step, their gradients averaged in a fixed order, one update (`trainer.step.sync`)."""
 
     name = "sync"
+    runs_pipelines = True
     # With K fixed, the towers (on one machine or several) do not change the sync result.
     resume_may_change = frozenset({"towers.num_towers", "towers.num_tasks"})
 
@@ -72,30 +91,24 @@ class SyncMode(UpdateMode):
         return [tower_of_micro_batch(j, k, num_towers) for j in range(k)]
 
     def run_metrics(self, config: RunConfig, updater: Updater) -> dict:
-        """The variables kept on every task, their gradients all-reduced (`trainer.step.mirrors`)."""
+        """The variables kept on every task, their gradients all-reduced (`trainer.step.transfers.mirrors`)."""
         variables = updater.model.trainable_variables
         return {
             "mirrored_variables": [variables[i].path for i in updater.mirrors.indices],
             **updater.runner.run_metrics(updater.last_timings),
         }
 
-    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        from trainer.step import optim
-        from trainer.step.sync import SyncUpdate
+    def updater(self, shared: dict, config: RunConfig) -> Updater:
+        from trainer.step.sync.sync_update import SyncUpdate
+        from trainer.step.update import optimizers
 
+        global_step = shared["global_step"]
         return SyncUpdate(
-            task,
-            model,
-            optimizer,
-            placement,
-            config.towers.num_micro_batches,
-            global_step,
-            iterators,
-            clip_global_norm=config.optimizer.clip_global_norm,
-            jit_compile=config.towers.jit_compile,
+            **shared,
+            num_micro_batches=config.towers.num_micro_batches,
             steps_per_call=config.loop.steps_per_call,
             profile_steps=config.loop.profile_steps,
-            make_optimizer=lambda: optim.with_precision(
+            make_optimizer=lambda: optimizers.with_precision(
                 self.make_optimizer(config, global_step), config.towers.mixed_precision
             ),
             pipeline=config.towers.pipeline,
@@ -104,7 +117,7 @@ class SyncMode(UpdateMode):
 
 
 class AsyncMode(UpdateMode):
-    """Every tower updates on its own, one micro-batch per update (`trainer.step.asynchronous`)."""
+    """Every tower updates on its own, one micro-batch per update (`trainer.step.asynchronous.async_update`)."""
 
     name = "async"
     resume_may_change = frozenset({"towers.gradient_order"})  # no sum of gradients: each update is one's own
@@ -126,11 +139,6 @@ class AsyncMode(UpdateMode):
                 f"--device_memory_mb ({config.runtime.device_memory_mb}) is counted from a sync step; async towers "
                 "trace their own: leave it at 0 with --update_mode=async"
             )
-        if config.towers.pipeline_stages > 1:
-            raise ConfigError(
-                f"--pipeline_stages ({config.towers.pipeline_stages}) needs --update_mode=sync: a pipeline's stages "
-                "share one step's micro-batches, which async towers do not have"
-            )
         if config.loop.steps_per_call:
             raise ConfigError(
                 f"--steps_per_call ({config.loop.steps_per_call}) is for --update_mode=sync: async towers size their "
@@ -142,11 +150,11 @@ class AsyncMode(UpdateMode):
 
     def make_optimizer(self, config: RunConfig, global_step):
         """Scales each update's learning rate by 1/K (K updates ~ one sync step) and lowers the explicit
-        momentum by what asynchrony adds (`optim.async_momentum`)."""
-        from trainer.step import optim
+        momentum by what asynchrony adds (`optimizers.async_momentum`)."""
+        from trainer.step.update import optimizers
 
         t = config.towers
-        momentum = optim.async_momentum(config.optimizer.momentum, t.total_towers)
+        momentum = optimizers.async_momentum(config.optimizer.momentum, t.total_towers)
         if config.optimizer.name == "momentum":
             log.warning(
                 "async: explicit momentum %.3g instead of %.3g (N=%d towers add implicit momentum)",
@@ -154,7 +162,7 @@ class AsyncMode(UpdateMode):
                 config.optimizer.momentum,
                 t.total_towers,
             )
-        return optim.make_optimizer(
+        return optimizers.make_optimizer(
             config.optimizer,
             config.loop.train_steps,
             global_step,
@@ -177,20 +185,10 @@ class AsyncMode(UpdateMode):
             "max_staleness": config.towers.max_staleness,
         }
 
-    def build(self, task, model, optimizer, placement, global_step, iterators, config: RunConfig) -> Updater:
-        from trainer.step.asynchronous import AsyncUpdate
+    def updater(self, shared: dict, config: RunConfig) -> Updater:
+        from trainer.step.asynchronous.async_update import AsyncUpdate
 
-        return AsyncUpdate(
-            task,
-            model,
-            optimizer,
-            placement,
-            global_step,
-            iterators,
-            max_staleness=config.towers.max_staleness,
-            clip_global_norm=config.optimizer.clip_global_norm,
-            jit_compile=config.towers.jit_compile,
-        )
+        return AsyncUpdate(**shared, max_staleness=config.towers.max_staleness)
 
 
 MODES: dict[str, UpdateMode] = {mode.name: mode for mode in (SyncMode(), AsyncMode())}
@@ -229,7 +227,8 @@ class Plan:
 
 def settle(config: RunConfig, num_tasks: int | None = None) -> Plan:
     """The plan a run goes with: `trainer.settings.resolve.resolve` (validated, what the settings alone decide
-    decided, `num_tasks` when given), its update mode found, and that mode's own `check`. The entry points call
+    decided, `num_tasks` when given), its update mode found, the pipeline's rules (`Pipeline.check`, which
+    need the mode) and that mode's own `check`. The entry points call
     it once (`python -m trainer`, `launch.slurm`'s pre-check, and `train`, `build` when handed a raw
     `RunConfig`: `planned`).
 
@@ -238,6 +237,7 @@ def settle(config: RunConfig, num_tasks: int | None = None) -> Plan:
     """
     config = resolve(config, num_tasks)
     mode = mode_for(config.towers.update_mode)
+    config.towers.pipeline.check(config.towers, mode.runs_pipelines)
     mode.check(config)
     return Plan(config, mode)
 

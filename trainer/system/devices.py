@@ -27,7 +27,7 @@ class Placement:
     towers: tuple[str, ...]  # one device string per tower
     parameter_device: str  # the variables and optimizer slots (spread: the step, learning rate, loss sums)
     host: str = HOST_DEVICE  # the chief's CPU: eval input, host-side bookkeeping
-    spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (trainer.step.spread)
+    spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (step.core.spread)
     tower_hosts: tuple[str, ...] = ()  # the CPU of each tower's task, where its input is read; () = `host`
     num_tasks: int = 1
 

@@ -1,34 +1,34 @@
 """The fixed-order reduction of a step's K micro-batch results, and the one division by the global weight.
 
 `combine` sums each micro-batch's loss, weight, metric sums, gradients and new non-trainable values along the
-fixed tree (`trainer.step.tree`), each on its owner (or a task's twin of it), and divides the loss and the
+fixed tree (`trainer.step.core.tree`), each on its owner (or a task's twin of it), and divides the loss and the
 gradients once by the global weight; mirrored variables' gradients are all-reduced instead
-(`trainer.step.mirrors`). The result does not depend on which tower, task or pipeline ran a micro-batch.
+(`trainer.step.transfers.mirrors`). The result does not depend on which tower, task or pipeline ran a micro-batch.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer.step import tree
-from trainer.step.towers import MicroBatchResult, per_weight
+from trainer.step.core import tree
+from trainer.step.core.micro_batch import MicroBatchResult, per_weight
 
 
 def combine(results: list[MicroBatchResult], seed_flags: list[bool], old_state, owners, mirrors):
-    """Reduces per-micro-batch results along the fixed tree (`trainer.step.tree`), and divides once.
+    """Reduces per-micro-batch results along the fixed tree (`trainer.step.core.tree`), and divides once.
 
     The loss, weight and metric sums and each variable's gradient are summed along the tree; each gradient
     (and the loss) is then divided by the global weight, on the variable's owner: the mean over every weighted
     example (token) of the global batch, the same for any number of towers and tasks at fixed K. A gradient is
     summed on its owner, or, for a subtree one task holds, on that task's twin of the owner, so only one
     partial sum per subtree crosses between tasks. A mirrored variable's gradient is all-reduced instead, a
-    copy on every task (`trainer.step.mirrors`).
+    copy on every task (`trainer.step.transfers.mirrors`).
 
     Args:
       old_state: per task, the non-trainable values its micro-batches started from (`Layout.fanout`).
       owners: (devices of the trainable variables, devices of the non-trainable variables, the device of
         the loss and metric sums).
-      mirrors: the run's `trainer.step.mirrors.Mirrors` (its `layout`: which task holds each micro-batch).
+      mirrors: the run's `trainer.step.transfers.mirrors.Mirrors` (its `layout`: which task holds each micro-batch).
 
     Returns:
       (loss per weight, {name: (sum, count)} of the task's metrics, gradients per weight, new non-trainable
@@ -58,7 +58,7 @@ def _tree_sums(results: list[MicroBatchResult], owners, mirrors, floating: list[
     """The tree sums of the weights, losses and metric sums and counts (placed for `owners[2]`), of the
     gradients of the variables owned whole (for their owners) and of the state leaves of the `floating`
     non-trainable variables (`_state_leaves`, for theirs), as one `Layout.tree_sums`: under
-    `--fuse_transfers` what crosses between tasks goes fused (`trainer.step.fusion`). Returns (weight, loss,
+    `--fuse_transfers` what crosses between tasks goes fused (`fused_buffers`). Returns (weight, loss,
     metrics, {index: gradient}, [(sum, unchanged)] of the state)."""
     names = list(results[0].metrics)
     whole = [i for i in range(len(owners[0])) if i not in mirrors.homes]

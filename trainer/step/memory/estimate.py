@@ -30,11 +30,11 @@ def check_batch_fits(model, config: RunConfig, example_shape: tuple[int, ...]) -
     """Raises ConfigError when a step of `config` needs more memory than there is, with both numbers."""
     t = config.towers
     per_micro_batch = t.global_batch_size // t.num_micro_batches
-    concurrent = per_micro_batch * (t.num_towers // t.pipeline_stages if t.device == "cpu" else 1)
+    concurrent = per_micro_batch * (t.num_towers // t.pipeline.stages if t.device == "cpu" else 1)
     activations = activation_bytes_per_example(model)
     weights = 4 * sum(math.prod(v.shape) * _dtype_size(v.dtype) for v in model.variables)  # + grads, 2 slots
     batch = t.global_batch_size * math.prod(example_shape) * 4 if t.device == "cpu" else 0
-    per_device = 1 if t.device == "cpu" else t.pipeline_stages  # a GPU holds one stage (module docstring)
+    per_device = 1 if t.device == "cpu" else t.pipeline.stages  # a GPU holds one stage (module docstring)
     needed = -(-(activations * concurrent + weights) // per_device) + batch
     available = available_bytes(config)
     if available is None or needed <= available:

@@ -2,12 +2,12 @@
 
 With one parameter device, that device receives every micro-batch's gradient of every variable and sends a
 copy of every variable to every other tower each step. Spread over the N towers, each device owns about 1/N
-of the model's bytes and moves about 2(N-1)/N x model bytes per step (`trainer.step.traffic` measures it).
+of the model's bytes and moves about 2(N-1)/N x model bytes per step (`trainer.step.transfers.traffic` measures it).
 
 The assignment is greedy by bytes in `model.variables` order: each variable goes to the device holding the
 fewest bytes so far, ties to the lowest index. It depends only on the variables' shapes and dtypes, so it is
 the same in every process and on every rerun. The arithmetic of a step is unchanged (the same tree of adds,
-`trainer.step.tree`); only where each op runs changes, so the weights are bitwise those of
+`trainer.step.core.tree`); only where each op runs changes, so the weights are bitwise those of
 `--parameter_device=gpu|cpu`.
 """
 

@@ -4,7 +4,7 @@ Spread over M tasks, a variable owned whole makes its owner send it to M-1 tasks
 of its gradient: (M-1) x its bytes each way. When one variable is most of the model (the cnn's Dense kernel
 is 87% of it), no assignment of whole variables comes near the ring bound of 2(M-1)/M x the model's bytes
 per task and direction. A *mirrored* variable instead has a copy on every task (the model's variable on its
-owner, the *home*; a replica on every other task's twin of the home, `trainer.step.tree.Layout.twin`), and:
+owner, the *home*; a replica on every other task's twin of the home, `trainer.step.core.tree.Layout.twin`), and:
 
 - its gradient is summed as M contiguous pieces of the flattened tensor, piece i on task i (reduce-scatter:
   each piece along the same tree over micro-batches, `Layout.all_reduce`), and every task gathers the M
@@ -29,7 +29,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step import spread, update
+from trainer.step.core import spread
+
+# A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
+from trainer.step.update import per_device
 
 # A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
 SHARE = 4
@@ -45,7 +48,7 @@ def choose(variables, num_tasks: int, spread_over: tuple, loss_scaled: bool) -> 
 
 
 def flags(model, num_tasks: int, spread_over: tuple, loss_scaled: bool) -> list[bool]:
-    """`choose` as one flag per `model.variables` (`trainer.step.spread.build_spread` assigns them last)."""
+    """`choose` as one flag per `model.variables` (`trainer.step.core.spread.build_spread` assigns them last)."""
     chosen = {
         id(model.trainable_variables[i]) for i in choose(model.trainable_variables, num_tasks, spread_over, loss_scaled)
     }
@@ -69,7 +72,7 @@ class Mirrors:
     Args:
       model: the model; `indices` index its trainable variables.
       indices: which to mirror (`choose`); none: every method is the identity of the unmirrored step.
-      layout: the run's `trainer.step.tree.Layout`.
+      layout: the run's `trainer.step.core.tree.Layout`.
       make_optimizer: () -> a new optimizer like the run's (its learning rate read from the global step).
       optimizer: the run's optimizer (built), whose state the replicas' optimizers copy in `sync`.
     """
@@ -117,7 +120,7 @@ class Mirrors:
         for task, optimizer in self.optimizers.items():
             replicas = self.replicas[task]
             grads = clip([replica_grads[task][i] for i in replicas])
-            update.apply_gradients(optimizer, grads, list(replicas.values()))
+            per_device.apply_gradients(optimizer, grads, list(replicas.values()))
 
     def sync(self) -> None:
         """Sets every replica and its optimizer's state from the model's variable and the run's optimizer (before

@@ -1,6 +1,6 @@
 """Tensor fusion across tasks: what one task sends one device of another at one point of a step, as one buffer.
 
-Across tasks a sync step moves two sets of tensors (`trainer.step.tree`): the values of the variables a task
+Across tasks a sync step moves two sets of tensors (`trainer.step.core.tree`): the values of the variables a task
 does not own (one copy per task, `Layout.fanout`), and the partial sums of the subtrees a task holds (the
 gradients, the loss, weight and metric sums, the non-trainable state: `Layout.tree_sums`), to their owners.
 Unfused, each is its own gRPC transfer, and each transfer has a fixed cost on top of its bytes
@@ -16,7 +16,7 @@ it is summed (overlap with the rest of the backward pass), and a copy on each si
 mirrored variables' all-reduce (`Layout.all_reduce`), the per-micro-batch losses (read to name a
 micro-batch whose loss is not finite) and tensors whose shape is not static (a buffer is cut by static sizes).
 
-`FusedLayout` is `tree.Layout` with `fanout` and `tree_sums` fused; `trainer.step.sync` picks one of the
+`FusedLayout` is `tree.Layout` with `fanout` and `tree_sums` fused; `trainer.step.sync.sync_update` picks one of the
 two from `--fuse_transfers`.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from trainer.step import spread, tree
+from trainer.step.core import spread, tree
 
 
 def send_fused(tensors: Sequence, source: str, destination: str) -> list:

@@ -11,7 +11,7 @@ random gradients). On a short step those ops are a measurable share of the time 
 Only plain SGD, with or without momentum, takes the fused path: Adam's fused kernel rounds differently from
 Keras's (up to ~1e-6 apart after 30 steps), and anything that changes the update (Nesterov, weight decay,
 clipping inside the optimizer, EMA, gradient accumulation, loss scaling, variable constraints) takes one of
-the other paths of `trainer.step.update`, which chooses.
+the other paths of `trainer.step.update.per_device`, which chooses.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step import spread
+from trainer.step.core import spread
 
 
 def fusable(optimizer) -> bool:
-    """Whether this optimizer's update can be the fused kernels (`trainer.step.update` then takes them)."""
+    """Whether this optimizer's update can be the fused kernels (`trainer.step.update.per_device` then takes them)."""
     return (
         type(optimizer) is keras.optimizers.SGD
         and not optimizer.nesterov

@@ -3,10 +3,10 @@
 Keras's `apply_gradients` builds every variable's arithmetic under the ambient device scope (the parameter
 device here) and, outside a `tf.distribute` strategy, routes the gradients through an identity all-reduce
 there too. Under `--parameter_device=spread` that would pull every gradient and slot to one device. So
-towerflow does not call it for the optimizers it builds (`trainer.step.optim`): it runs the same steps
+towerflow does not call it for the optimizers it builds (`trainer.step.update.optimizers`): it runs the same steps
 itself, through the optimizer's public API, one variable at a time under that variable's device:
 
-- plain SGD and momentum: one fused kernel per variable (`trainer.step.fused`);
+- plain SGD and momentum: one fused kernel per variable (`trainer.step.update.fused_kernels`);
 - any other optimizer built without the options Keras applies around `update_step` (clipping, EMA,
   gradient accumulation, a loss-scale factor): weight decay as Keras computes it, then `update_step`, then
   the variable's constraint, and one `iterations` += 1 (`placeable`);
@@ -24,7 +24,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.step import fused, spread
+from trainer.step.core import spread
+from trainer.step.update import fused_kernels
 
 
 def placeable(optimizer) -> bool:
@@ -49,8 +50,10 @@ def apply_gradients(optimizer, grads: list, variables: list, learning_rate=None)
     """
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         _apply_loss_scaled(optimizer, grads, variables, learning_rate)
-    elif fused.fusable(optimizer) and all(v.constraint is None for v in variables):
-        fused.apply(optimizer, grads, variables, optimizer.learning_rate if learning_rate is None else learning_rate)
+    elif fused_kernels.fusable(optimizer) and all(v.constraint is None for v in variables):
+        fused_kernels.apply(
+            optimizer, grads, variables, optimizer.learning_rate if learning_rate is None else learning_rate
+        )
     elif placeable(optimizer):
         _apply_placed(optimizer, grads, variables, optimizer.learning_rate if learning_rate is None else learning_rate)
     else:

@@ -1,5 +1,5 @@
 """How a sync step runs its K micro-batches on the towers: whole (`TowerRunner`: micro-batch j on tower
-j*N//K) or through pipeline stages (`trainer.step.pipeline.PipelineRunner`). `make_runner` is the one place
+j*N//K) or through pipeline stages (`trainer.step.pipeline.runner.PipelineRunner`). `make_runner` is the one place
 that chooses; both give `towers.MicroBatchResult`s in micro-batch order, which the fixed tree combines.
 `inference` is the same choice for eval: the whole model on a tower, or its stages on their devices."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from models import stages
 from trainer.settings.config import Pipeline
-from trainer.step import pipeline, stepmemory
-from trainer.step import towers as tw
+from trainer.step.core import micro_batch as mb
+from trainer.step.memory import device_memory
+from trainer.step.pipeline import runner
+from trainer.step.pipeline.cut import cut_of
 from trainer.system.devices import tower_of_micro_batch
 
 
@@ -19,8 +20,8 @@ class TowerRunner:
 
     def __init__(self, task, model, towers, layout, num_micro_batches: int, jit_compile: bool):
         self.towers, self.layout, self.num_micro_batches = towers, layout, num_micro_batches
-        self.micro_batch = tw.micro_batch_fn(task, model, jit_compile)
-        self._seed_flags = [tw.is_seed_state(v) for v in model.non_trainable_variables]
+        self.micro_batch = mb.micro_batch_fn(task, model, jit_compile)
+        self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
 
     def run(self, batches, trainable, non_trainable, step, timed: bool, loss_scale=None):
         """Returns the results in micro-batch order and, when `timed`, {"tower_step_sec": each tower's wall
@@ -32,15 +33,15 @@ class TowerRunner:
             with tf.device(self.towers[tower]):
                 if tower not in starts:
                     with tf.control_dependencies(tf.nest.flatten(batches[j])):
-                        starts[tower] = tw.now(step) if timed else tf.constant(0.0, tf.float64)
+                        starts[tower] = mb.now(step) if timed else tf.constant(0.0, tf.float64)
                 with tf.control_dependencies([starts[tower]] if timed else []), tf.name_scope(f"micro_batch{j}"):
                     task = self.layout.task_of_micro_batch(j)
-                    state = tw.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
+                    state = mb.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
                     result = self.micro_batch(trainable[task], state, batches[j], loss_scale)
                 results.append(result)
                 if timed:
                     with tf.control_dependencies(result.grads):
-                        ends[tower] = tw.now(step)
+                        ends[tower] = mb.now(step)
         timings = {"tower_step_sec": tf.stack([ends[i] - starts[i] for i in range(num_towers)])} if timed else {}
         return results, timings
 
@@ -52,12 +53,12 @@ class TowerRunner:
         """What `metrics.json` adds for this runner: nothing."""
         return {}
 
-    def memory_plan(self) -> list[stepmemory.Plan]:
-        """Per tower, for `trainer.step.stepmemory`: what one of its micro-batches' gradient ops read from its
+    def memory_plan(self) -> list[device_memory.Plan]:
+        """Per tower, for `trainer.step.memory.device_memory`: what one of its micro-batches' gradient ops read from its
         forward, times the micro-batches alive there at once (not ordered on a tower, so all of them)."""
         per_tower = self.num_micro_batches // len(self.towers)
         return [
-            stepmemory.Plan(device, per_tower, stepmemory.Held.by_gradient(f"micro_batch{t * per_tower}"))
+            device_memory.Plan(device, per_tower, device_memory.Held.by_gradient(f"micro_batch{t * per_tower}"))
             for t, device in enumerate(self.towers)
         ]
 
@@ -66,8 +67,8 @@ def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile
     """The runner of a sync step: `PipelineRunner` over `plan`'s stages, or `TowerRunner` for 1."""
     if plan.stages == 1:
         return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
-    cut = stages.cut(model, plan.stages, plan.cuts)
-    return pipeline.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches, plan.remat)
+    cut = cut_of(model, plan)
+    return runner.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches, plan.remat)
 
 
 def inference(model, towers, plan: Pipeline):
@@ -82,7 +83,7 @@ def inference(model, towers, plan: Pipeline):
                 return model(inputs, training=False)
 
         return whole
-    cut = stages.cut(model, plan.stages, plan.cuts)
+    cut = cut_of(model, plan)
     num_pipelines = len(towers) // plan.stages
 
     def staged(tower: int, inputs):

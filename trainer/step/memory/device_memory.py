@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.settings.config import ConfigError
-from trainer.step import spread
+from trainer.step.core import spread
 
 MIB = 1 << 20
 

@@ -1,7 +1,7 @@
 """Pipeline schedules: the order in which each stage runs its micro-batches' forward and backward passes.
 
 S stages, m micro-batches per pipeline. A schedule gives each stage a sequence of events ("F", j) / ("B", j);
-`trainer.step.pipeline` chains every stage's events with control dependencies, so the order below is the
+`trainer.step.pipeline.runner` chains every stage's events with control dependencies, so the order below is the
 order that runs, not the one the executor happens to pick.
 
 - `gpipe` (fill-drain, GPipe): every forward, then every backward (the last micro-batch first). A stage keeps

@@ -1,4 +1,4 @@
-"""One pipeline stage's part of one micro-batch (`trainer.step.pipeline`): run its pieces forward, and in its
+"""One pipeline stage's part of one micro-batch (`trainer.step.pipeline.runner`): run its pieces forward, and in its
 backward event take the gradients of its variables and of its inputs. Two ways to keep what the backward needs,
 chosen once per stage by `way_for`:
 
@@ -19,8 +19,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from trainer.step import stepmemory
-from trainer.step import towers as tw
+from trainer.step.core import micro_batch as mb
+from trainer.step.memory import device_memory
 
 RECOMPUTE = "recompute"  # the name scope of a backward event's recomputed forward
 
@@ -72,11 +72,11 @@ class StageCall:
         if not self.last:
             return Pass(outputs, reg, new_state)
         # The task's loss, as `towers.run_micro_batch` computes it on the whole model's outputs.
-        predictions = tf.nest.map_structure(tw.float32, outputs)
-        loss, weight = tw.weighted_sums(self.task, predictions, batch)
+        predictions = tf.nest.map_structure(mb.float32, outputs)
+        loss, weight = mb.weighted_sums(self.task, predictions, batch)
         total = loss + weight * reg if reg is not None else loss
         if scale is not None:  # fp16: the mean, scaled, as `towers.run_micro_batch` differentiates
-            total = tw.per_weight(total, weight) * scale
+            total = mb.per_weight(total, weight) * scale
         return Pass(total, None, new_state, loss, weight, predictions)
 
 
@@ -95,9 +95,9 @@ class Taped:
         """(the tape, the pass it recorded, the stage's inputs) to differentiate."""
         return kept
 
-    def memory(self, device: str, forward: str, backward: str, in_flight: int) -> stepmemory.Plan:
+    def memory(self, device: str, forward: str, backward: str, in_flight: int) -> device_memory.Plan:
         """Each micro-batch in flight holds what the gradient ops of its forward read."""
-        return stepmemory.Plan(device, in_flight, stepmemory.Held.by_gradient(forward))
+        return device_memory.Plan(device, in_flight, device_memory.Held.by_gradient(forward))
 
 
 class Recomputed:
@@ -118,12 +118,12 @@ class Recomputed:
             tape, result = _taped(run, sources, kept)
         return tape, result, kept
 
-    def memory(self, device: str, forward: str, backward: str, in_flight: int) -> stepmemory.Plan:
+    def memory(self, device: str, forward: str, backward: str, in_flight: int) -> device_memory.Plan:
         """Each micro-batch in flight holds its inputs (what the backward reads from the forward); one
         backward at a time holds what its recomputation's gradient ops read."""
-        held = stepmemory.Held(forward, (backward, f"gradient_tape/{backward}"))
-        recomputed = stepmemory.Held.by_gradient(f"{backward}/{RECOMPUTE}")  # not the tape's sums in `backward`
-        return stepmemory.Plan(device, in_flight, held, recomputed=recomputed)
+        held = device_memory.Held(forward, (backward, f"gradient_tape/{backward}"))
+        recomputed = device_memory.Held.by_gradient(f"{backward}/{RECOMPUTE}")  # not the tape's sums in `backward`
+        return device_memory.Plan(device, in_flight, held, recomputed=recomputed)
 
 
 def way_for(remat: bool, in_flight: int) -> Taped | Recomputed:

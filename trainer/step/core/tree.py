@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from trainer.step import spread
+from trainer.step.core import spread
 
 # Recorded in run.json: a resume may not silently mix summation orders (`trainer.outputs.rundir`).
 ORDER = "tree"
@@ -142,7 +142,7 @@ class Layout:
 
     def fanout(self, values: Sequence, owners: Sequence[str], local: dict | None = None) -> list[list]:
         """Per task, the values its towers read: the value itself on its owner's task, `local[(task, i)]` where
-        the task has its own copy of value i (`trainer.step.mirrors`), elsewhere one copy on the task's twin
+        the task has its own copy of value i (`trainer.step.transfers.mirrors`), elsewhere one copy on the task's twin
         of the owner (one transfer per task, which the task's towers then share)."""
         if self.num_tasks == 1:
             return [list(values)]
@@ -164,7 +164,7 @@ class Layout:
     def tree_sums(self, leaf_lists: Sequence[Sequence], owners: Sequence[str], combine: Callable = add) -> list:
         """Each list of per-micro-batch leaves combined along the tree (`reduce`; by default summed), list q's
         combinations placed by `placer(owners[q])` (on `owners[q]` when the range spans tasks).
-        `trainer.step.fusion.FusedLayout` sends the partial results crossing between tasks as fused buffers
+        `fused_buffers.FusedLayout` sends the partial results crossing between tasks as fused buffers
         instead of one tensor each."""
         pairs = zip(leaf_lists, owners, strict=True)
         return [reduce(list(leaves), combine, self.placer(owner)) for leaves, owner in pairs]

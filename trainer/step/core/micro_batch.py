@@ -1,9 +1,9 @@
-"""What one tower does with one micro-batch, and the update shared by the modes.
+"""What one tower does with one micro-batch.
 
 A micro-batch is run with `model.stateless_call`: the tower reads the variables' current values (copied
 from the parameter device), and returns its gradients and the new values of the non-trainable state
 (BatchNorm moving statistics) instead of assigning them. The caller combines those in micro-batch index
-order (`trainer.step.combine`), so the result does not depend on which tower ran which micro-batch, nor on how
+order (`trainer.step.core.combine`), so the result does not depend on which tower ran which micro-batch, nor on how
 many towers there are.
 """
 
@@ -19,7 +19,6 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import TaskError
-from trainer.step import update
 
 # How the loss and gradient are reduced over the global batch (recorded in run.json: it decides the bits): the
 # sums of loss * weight and of the weights along the fixed tree, divided once by the global weight.
@@ -203,12 +202,6 @@ def metric_values(metrics: dict) -> dict:
     return values
 
 
-def loss_scale(optimizer):
-    """The current loss scale of a `keras.optimizers.LossScaleOptimizer` (fp16), else None."""
-    scale = getattr(optimizer, "dynamic_scale", None)
-    return None if scale is None else tf.identity(scale.value)
-
-
 def micro_batch_fn(task, model, jit_compile: bool = False):
     """Returns `run_micro_batch` bound to `task` and `model`, XLA-compiled per call site when `jit_compile`.
 
@@ -231,64 +224,6 @@ def micro_batch_fn(task, model, jit_compile: bool = False):
 def per_weight(total: tf.Tensor, weight: tf.Tensor) -> tf.Tensor:
     """`total / weight`, 0 where nothing had weight (a batch of padding moves no weight)."""
     return tf.math.divide_no_nan(total, tf.cast(weight, total.dtype))
-
-
-def apply_update(
-    model, optimizer, global_step, loss, grads, new_state, loss_scale, clip_global_norm: float, also=None
-) -> dict:
-    """One optimizer update of the shared variables (call under the parameter device); shared by the modes.
-
-    A non-finite loss or gradient is never applied (without fp16 loss scaling, whose optimizer skips such
-    updates and lowers the scale by itself): the variables and the step stay as they were and `finite` says
-    so, for the caller to stop the run (`trainer.system.stop.Diverged`).
-
-    Args:
-      loss: the loss the gradients are of.
-      grads: the gradient to apply, one per trainable variable (scaled by `loss_scale` if not None).
-      new_state: new values of the non-trainable variables; None leaves one as it is.
-      loss_scale: the fp16 loss scale the gradients carry, or None.
-      clip_global_norm: clip the true (unscaled) gradient to this global norm; 0 turns clipping off.
-      also: called with the clipping (list of gradients -> list, the identity when off) inside the update,
-        after the optimizer's: the mirrored variables' replicas update there (`trainer.step.mirrors`).
-
-    Returns:
-      {"step": step after the update, "finite", "learning_rate", "grad_norm" (unscaled, before clipping),
-      "gradients"}.
-    """
-    scaled_norm = tf.linalg.global_norm(grads)
-    scale = 1.0 if loss_scale is None else tf.cast(loss_scale, scaled_norm.dtype)
-
-    def clip(tensors: list) -> list:
-        if not clip_global_norm:
-            return tensors
-        # Clipping a scaled gradient to (clip * scale) is clipping the true gradient to clip.
-        return tf.clip_by_global_norm(tensors, clip_global_norm * scale, use_norm=scaled_norm)[0]
-
-    grads = clip(grads)
-    learning_rate = tf.cast(optimizer.learning_rate, tf.float32)
-
-    def apply_all():
-        update.apply_gradients(optimizer, grads, model.trainable_variables, learning_rate)
-        for variable, value in zip(model.non_trainable_variables, new_state, strict=True):
-            if value is not None:
-                with tf.device(variable.value.device):  # where the assign runs anyway: with its variable
-                    variable.assign(value)
-        if also is not None:
-            also(clip)
-        return global_step.assign_add(1)
-
-    if loss_scale is None:
-        finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(scaled_norm))
-        step = tf.cond(finite, apply_all, global_step.read_value)
-    else:
-        finite, step = tf.constant(True), apply_all()
-    return {
-        "step": step,
-        "finite": finite,
-        "learning_rate": learning_rate,
-        "grad_norm": scaled_norm / scale,
-        "gradients": grads,
-    }
 
 
 def first_non_finite(losses) -> tf.Tensor:
