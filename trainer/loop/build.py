@@ -125,7 +125,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
 def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placement, task: tasks.Task):
     """Model, optimizer (slots built; the update mode's, `UpdateMode.make_optimizer`) and global step on the
     parameter device; with `spread_over`, each model variable and its slots on its owner
-    (`trainer.step.spread`), the step and learning rate on the first tower's device. `run` as in `build`."""
+    (`trainer.step.core.spread`), the step and learning rate on the first tower's device. `run` as in `build`."""
     plan = modes.planned(run)
     config = plan.config
     _set_precision(config.towers.mixed_precision)

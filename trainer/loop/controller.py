@@ -36,7 +36,7 @@ class Loop:
     """Drives an update mode to `config.train_steps`.
 
     Args:
-      updater: the update mode's `trainer.step.updater.Updater`.
+      updater: the update mode's `trainer.step.stepper.Updater`.
       config: cadences and budget.
       evaluator: has `evaluate() -> dict` or None.
       checkpointer: has `save()`.

@@ -26,7 +26,7 @@ class Evaluator:
       explain: error -> the exception to raise instead (e.g. a `data.DataError` naming a bad eval record), or
         None to raise the error itself; called when evaluating raises a `tf.errors.OpError`.
       forward: (tower, model inputs) -> the model's outputs for tower `tower`'s part, in inference mode
-        (`trainer.step.runners.inference`: through pipeline stages or whole); None: the whole model there.
+        (`trainer.step.sync.runners.inference`: through pipeline stages or whole); None: the whole model there.
     """
 
     def __init__(self, task, model, placement: Placement, make_dataset, explain=None, forward=None):

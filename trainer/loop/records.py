@@ -112,7 +112,7 @@ class FeatureRecords:
         self.position_size = 3 if self.group_batches > 1 else 2
         # The shortest length a padded batch has: its variable-length features' smallest bucket.
         self.padded_length = min((f.buckets[0] for _, f in self.schema.features if f.variable), default=1)
-        # The longest: what a step's memory is counted at (`trainer.step.stepmemory`).
+        # The longest: what a step's memory is counted at (`trainer.step.memory.device_memory`).
         self.longest_length = max((f.buckets[-1] for _, f in self.schema.features if f.variable), default=1)
 
     def resolve(self) -> Inputs:

@@ -160,7 +160,7 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     """Runs the loop, recording the attempt's progress at every checkpoint; `stall_watch` (several tasks)
     makes the `trainer.system.stall.StallWatch` of the mode's finished steps."""
     placement = state.placement
-    num_stages = config.towers.pipeline_stages
+    num_stages = config.towers.pipeline.stages
     tags = [placement.tower_tag(i, num_stages) for i in range(len(placement.towers))]
     summaries = Summaries(config.loop.model_dir, tags)
     task = state.task  # HParams columns: the metric runs are ranked by first
