@@ -134,6 +134,25 @@ def test_time_limit_warnings_requeue_every_attempt_that_trained_beyond_max_reque
     assert finished["examples_per_sec"] == pytest.approx(2176 / seconds)  # over every attempt, not the last
 
 
+def test_warnings_before_the_resume_are_requeues_without_progress_and_are_capped(make_config, tmp_path, fake_slurm):
+    """A warning that lands while the trainer starts, before the resume records the attempt (a loaded machine's
+    start-up outlasting the warning window), still makes an attempt of the job: recorded, and counted against
+    --max_requeues, so such a job stops requeueing itself."""
+    config = make_config(loop={"train_steps": 40, "max_requeues": 1})
+    with pytest.raises(stop_lib.StopRequested):
+        train(config, stop=StopAfterChecks(8, signal.SIGUSR1))  # trains 10 steps, requeued
+    for _ in range(2):
+        early = stop_lib.StopRequest()
+        early.handle(signal.SIGUSR1)
+        with pytest.raises(stop_lib.StopRequested, match="before the model was built"):
+            train(config, stop=early)
+    assert fake_slurm.read_text() == "requeue 300_5\n" * 2
+    outcomes = [(a["resumed_from_step"], a["step"], a["outcome"]) for a in _attempts(tmp_path)]
+    assert [o[:2] for o in outcomes] == [(0, 10), (10, 10), (10, 10)]
+    assert outcomes[1][2].startswith("requeued for the time limit (requeue 2, without a step trained: 1 in a row")
+    assert "not requeued: the job already requeued itself 1 times in a row" in outcomes[2][2]
+
+
 @pytest.mark.quick
 def test_examples_per_sec_is_over_every_attempt(tmp_path):
     """Examples and seconds are summed over the attempts: 4,000 examples in 7 s, not the mean of 1,000/s and

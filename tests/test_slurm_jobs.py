@@ -96,8 +96,8 @@ def _train_locally(model_dir, flags) -> dict:
     return _metrics(model_dir)
 
 
-def _assert_resumed_exactly(slurm, job_id, model_dir, reference_sha256) -> dict:
-    info = slurm.wait_for_state(job_id, DONE, timeout_sec=400)
+def _assert_resumed_exactly(slurm, job_id, model_dir, reference_sha256, every_attempt_trains=True) -> dict:
+    info = slurm.wait_for_state(job_id, DONE, timeout_sec=540)
     log = _log(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
     assert int(info["Restarts"]) >= 1, f"finished without being interrupted: raise TRAIN_STEPS\n{log[-3000:]}"
@@ -106,7 +106,8 @@ def _assert_resumed_exactly(slurm, job_id, model_dir, reference_sha256) -> dict:
     assert len(attempts) == int(info["Restarts"]) + 1 and attempts[-1]["outcome"] == "finished"
     assert all(a["slurm_job_id"] == str(job_id) for a in attempts)
     for before, after in zip(attempts, attempts[1:], strict=False):
-        assert after["resumed_from_step"] == before["step"] > before["resumed_from_step"]
+        assert after["resumed_from_step"] == before["step"] >= before["resumed_from_step"]
+        assert before["step"] > before["resumed_from_step"] or not every_attempt_trains, attempts
     assert metrics["global_step"] == TRAIN_STEPS
     assert metrics["weights_sha256"] == reference_sha256
     assert log.count("=== towerflow: job") == len(attempts)  # one log, appended by every attempt
@@ -159,15 +160,19 @@ def test_scontrol_requeue_mid_run_resumes_bitwise(slurm_env, requeued_then_preem
 
 def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
     model_dir = tmp_path / "timelimit"
-    # --time=1 with a 15 s warning: SIGUSR1 comes 15-45 s into every attempt (Slurm checks every ~30 s), after
-    # the trainer's start-up (a warning before the first step would make an attempt without progress).
-    # --max_requeues=0 caps only requeues without progress: every attempt here trains, so each requeues.
-    job_id = _submit(capsys, model_dir, "--time=1", "--warning_sec=15", "--max_requeues=0")
-    metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256)
+    # --time=1 with a 15 s warning: SIGUSR1 comes 15-45 s into every attempt (Slurm checks every ~30 s). On a
+    # loaded machine an attempt's start-up can outlast that (27 s once, in CI): that attempt trains nothing and
+    # is requeued as one without progress, which the default --max_requeues=3 allows three times in a row.
+    job_id = _submit(capsys, model_dir, "--time=1", "--warning_sec=15")
+    metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256, every_attempt_trains=False)
     requeued = [a for a in metrics["attempts"] if a["outcome"].startswith("requeued for the time limit")]
     assert len(requeued) == len(metrics["attempts"]) - 1 >= 1
-    assert all(a["step"] > a["resumed_from_step"] for a in requeued)
-    assert f"time-limit warning: job {job_id} requeued (requeue 1, after " in _log(model_dir, job_id)
+    trained = [a for a in requeued if a["step"] > a["resumed_from_step"]]
+    assert trained, metrics["attempts"]
+    log = _log(model_dir, job_id)
+    assert len(re.findall(rf"time-limit warning: job {job_id} requeued \(requeue \d+, after \d+ steps\)", log)) == len(
+        trained
+    )
 
 
 def test_preemption_by_an_urgent_job_resumes_bitwise(slurm_env, requeued_then_preempted, reference_sha256):

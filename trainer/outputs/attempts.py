@@ -137,6 +137,11 @@ def after_stop(log: AttemptLog, stop: StopRequested, job: SlurmJob | None, max_r
         if job is None:
             return "rerun the same command to resume"
         return "under Slurm with --requeue, the scheduler requeues the job and it resumes from there"
+    if log.current is None and job is not None:
+        # Warned while starting, before the resume recorded the attempt: it is still one of the job's requeues
+        # without progress, and must count against --max_requeues (unrecorded, a job whose start-up outlasts
+        # the warning would requeue itself until Slurm's own cap).
+        log.begin(log.attempts[-1].step if log.attempts else 0, job)
     started = log.current.resumed_from_step if log.current else None
     decision = requeue_lib.decide(
         job,
