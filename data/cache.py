@@ -72,7 +72,11 @@ def decode_records(info: RecordInfo, files, num_classes: int | None, bad_records
             records = read(tf.constant(path)).unbatch().batch(_BUILD_BATCH)
             count = 0
             for flat, shape, label in _elements(
-                records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                records.map(
+                    tf.autograph.experimental.do_not_convert(parse),
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True,
+                )
             ):
                 flats.append(flat.numpy())
                 shapes.append(shape.numpy())

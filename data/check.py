@@ -249,7 +249,9 @@ def _search_file(path: str, parse, info: RecordInfo, num_classes: int | None, de
         return parse(serialized), tf.cast(payload, tf.int64)
 
     batches = tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH)
-    batches = batches.map(parsed, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = batches.map(
+        tf.autograph.experimental.do_not_convert(parsed), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     done = records = offset = 0
     try:
         for (_, labels), payload in batches:

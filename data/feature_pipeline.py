@@ -143,7 +143,7 @@ def _example_maker(schema: FeatureSchema, preprocess, stream_key: tf.Tensor, tra
 def _mapped(records: tf.data.Dataset, make_and_problems, wrap=None) -> tf.data.Dataset:
     """`records.map(make)` (through `wrap(make)`), or the DataError tracing `make` found."""
     make, problems = make_and_problems
-    examples = records.map(wrap(make) if wrap else make, **IN_ORDER)
+    examples = records.map(tf.autograph.experimental.do_not_convert(wrap(make) if wrap else make), **IN_ORDER)
     if problems:
         raise DataError(problems[0])
     return examples

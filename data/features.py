@@ -218,7 +218,9 @@ def _search_file(path: str, check_batch, schema: FeatureSchema) -> tuple[int, tu
     TFRecordDataset stops without an error where a file ends inside a record's header. A batch with a bad
     record is read again one record at a time, to name it and say what is wrong."""
     batches = tf.data.TFRecordDataset(path).batch(_CHECK_BATCH)
-    batches = batches.map(check_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = batches.map(
+        tf.autograph.experimental.do_not_convert(check_batch), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     records = offset = 0
     try:
         for bad, payload in batches:

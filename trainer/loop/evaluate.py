@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from trainer.step.core import micro_batch as tw
 from trainer.step.core import tree
+from trainer.system import graphs
 from trainer.system.devices import Placement
 
 
@@ -36,7 +37,7 @@ class Evaluator:
         self.placement = placement
         self.make_dataset = make_dataset
         self.explain = explain or (lambda error: None)
-        self._eval_fn = tf.function(self._batch_sums)
+        self._eval_fn = graphs.function(self._batch_sums)
 
     def evaluate(self, should_stop=None) -> dict | None:
         """Returns {"eval_loss", "eval_<metric>" for each of the task's metrics, "eval_examples", and what the
@@ -73,7 +74,7 @@ class Evaluator:
         """The model's outputs (float32) and the batches of every eval batch, as numpy nests, in the eval data's
         order: the outputs `evaluate` scores (the same towers, split and graph). For checking what serves
         against what was evaluated."""
-        outputs_fn = tf.function(self._batch_outputs)
+        outputs_fn = graphs.function(self._batch_outputs)
         outputs, batches = [], []
         for batch in self.make_dataset():
             outputs.append(tf.nest.map_structure(np.asarray, outputs_fn(batch)))

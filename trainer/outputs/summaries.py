@@ -29,6 +29,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from trainer.settings import config as cfg
 from trainer.step.modes import Plan
+from trainer.system import graphs
 
 _COUNTER = re.compile(r"_\d+(?=/|$)")
 TOWER_CHART_REGEX = r"tower_step_sec/.*"
@@ -91,7 +92,7 @@ class Summaries:
         about 1 for this)."""
         key = tuple(tags)
         if key not in self._histogram_fns:
-            self._histogram_fns[key] = tf.function(functools.partial(self._write_histograms, key))
+            self._histogram_fns[key] = graphs.function(functools.partial(self._write_histograms, key))
         self._histogram_fns[key](tf.constant(step, tf.int64), list(gradients), list(variables))
 
     def _write_histograms(self, tags, step, gradients, variables) -> None:

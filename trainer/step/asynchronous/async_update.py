@@ -31,6 +31,7 @@ from trainer.step.core import micro_batch as mb
 from trainer.step.core.calls import CallSize
 from trainer.step.stepper import StepResult
 from trainer.step.update.apply import BaseUpdate
+from trainer.system import graphs
 from trainer.system.devices import Placement
 from trainer.system.stop import Diverged
 
@@ -74,9 +75,9 @@ class AsyncUpdate(BaseUpdate):
     def _make_calls(self, num_towers: int) -> None:
         """The `tf.function`s of the towers' graphs (per tower a compute and a loop of updates, one apply), and
         per tower the call its thread makes for a share of the window's budget ((tickets) -> host values)."""
-        self._compute_fns = [tf.function(functools.partial(self.graph.compute, i)) for i in range(num_towers)]
-        self._apply_fn = tf.function(self.graph.apply)
-        self._loop_fns = [tf.function(functools.partial(self.graph.updates, i)) for i in range(num_towers)]
+        self._compute_fns = [graphs.function(functools.partial(self.graph.compute, i)) for i in range(num_towers)]
+        self._apply_fn = graphs.function(self.graph.apply)
+        self._loop_fns = [graphs.function(functools.partial(self.graph.updates, i)) for i in range(num_towers)]
         update = self._ordered_update if self.gate.ordered else self.chained_updates
         self._tower_calls = [functools.partial(update, i) for i in range(num_towers)]
 

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import TaskError
+from trainer.system import graphs
 
 # How the loss and gradient are reduced over the global batch (recorded in run.json: it decides the bits): the
 # sums of loss * weight and of the weights along the fixed tree, divided once by the global weight.
@@ -211,7 +212,7 @@ def micro_batch_fn(task, model, jit_compile: bool = False):
     if not jit_compile:
         return functools.partial(run_micro_batch, task, model)
 
-    @tf.function(jit_compile=True)
+    @graphs.function(jit_compile=True)
     def compiled(trainable, non_trainable, batch, loss_scale=None):
         return run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale).flat()
 

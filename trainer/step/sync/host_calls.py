@@ -9,6 +9,7 @@ import time
 import tensorflow as tf
 
 from trainer.step.core.calls import CallSize
+from trainer.system import graphs
 
 
 class StepCalls:
@@ -23,8 +24,8 @@ class StepCalls:
 
     def __init__(self, graph, iterators, global_step, steps_per_call: int, profile_steps):
         self.iterators, self.global_step = iterators, global_step
-        self.step_fn = tf.function(graph.step)
-        self.lean_fn = tf.function(graph.lean_steps)
+        self.step_fn = graphs.function(graph.step)
+        self.lean_fn = graphs.function(graph.lean_steps)
         self.sizes = CallSize(steps_per_call, profile_steps)
         self.step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
         self.finished = 0  # steps finished by this process (`steps_finished`)

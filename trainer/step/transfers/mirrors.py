@@ -33,6 +33,7 @@ from trainer.step.core import spread
 
 # A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
 from trainer.step.update import per_device
+from trainer.system import graphs
 
 # A trainable variable is mirrored when it holds at least 1/(SHARE x M) of the model's bytes.
 SHARE = 4
@@ -128,7 +129,7 @@ class Mirrors:
         if self.indices:
             self._sync()
 
-    @tf.function
+    @graphs.function
     def _sync(self):
         main = {v.path.split("/", 1)[-1]: v for v in self._optimizer.variables}
         for task, optimizer in self.optimizers.items():
