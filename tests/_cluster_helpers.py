@@ -12,8 +12,8 @@ import sys
 import time
 
 from benchmarks.machines.multinode import free_ports
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_FLAGS = (
     "--device=cpu",
     "--parameter_device=cpu",

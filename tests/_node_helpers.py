@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 
-from tests._cluster_helpers import BASE_FLAGS, ROOT
+from tests._cluster_helpers import BASE_FLAGS
+from tests.support.paths import ROOT
 
 # Every state a job ends in (no accounting, no slurmdbd: scontrol shows it while MinJobAge keeps the job).
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

@@ -25,7 +25,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import ROOT
+
 FLAGS = (
     "--device=cpu",
     "--num_gpus=2",

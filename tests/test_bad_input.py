@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from benchmarks.machines.multinode import free_ports
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # "At once" means before TensorFlow is imported (its import alone takes 2-5 s here): each row runs with a
 # `tensorflow` package first on the path that fails any import of it, so a row that imports TensorFlow fails
 # on that, whatever the machine's load (a time bound of 2 s failed once under load for a row that never

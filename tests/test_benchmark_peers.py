@@ -16,8 +16,6 @@ from benchmarks.machines.strategies import slurm as peers_slurm
 from benchmarks.machines.strategies.mwms import Clock
 from benchmarks.machines.strategies.sync import bytes_per_step
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @pytest.mark.quick
 def test_every_mwms_task_gets_the_same_worker_list_and_its_own_index():

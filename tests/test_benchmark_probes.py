@@ -16,8 +16,8 @@ from benchmarks.harness import commands
 from benchmarks.machines import scaling
 from benchmarks.machines.__main__ import COMMANDS as MACHINES
 from benchmarks.probes.__main__ import COMMANDS as PROBES
+from tests.support.paths import ROOT_PATH as REPO_ROOT
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # mlp on 64 inputs (benchmarks.machines.traffic's shape): Dense 64->256, 256->128, 128->10, float32
 MLP_BYTES = 4 * (64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10)
 

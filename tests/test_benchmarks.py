@@ -14,10 +14,9 @@ import pytest
 from benchmarks import figures
 from benchmarks.harness import runner, session, timing
 from benchmarks.harness.plan import SETTINGS, SIZES, Figure, SessionKey, Side
+from tests.support.paths import ROOT as REPO_ROOT
 from trainer.settings import config
 from trainer.system import runtime
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_alternate_runs_a_then_b_and_takes_the_ratio_of_medians():

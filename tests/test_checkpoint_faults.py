@@ -15,12 +15,12 @@ import time
 import numpy as np
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.outputs import checkpoint_files
 from trainer.outputs.checkpoint import CheckpointMismatch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16  # the reference run; the "killed" run stopped after its step-12 checkpoint (ckpt-4, 8, 12 on disk)
 DATA = "data-00000-of-00001"
 

@@ -12,10 +12,10 @@ import sys
 import pytest
 from absl import flags
 
+from tests.support.paths import ROOT
 from trainer import cli
 from trainer.settings import flags as tf_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What TF 2.21 writes on a CPU-only machine: absl's banner, `I0000 ... port.cc] oneDNN ...`,
 # `I0000 ... cudart_stub.cc] Could not find cuda drivers`, `I0000 ... cpu_feature_guard.cc] ...` and
 # `E0000 ... cuda_platform.cc] failed call to cuInit: ... (303)`.

@@ -6,13 +6,12 @@ import sys
 
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.settings import config as cfg
 from trainer.settings.resolve import resolve
 from trainer.step.modes import mode_for
 
 pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _towers(**kw):

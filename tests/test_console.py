@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.histogram import summary_v2
 
+from tests.support.paths import ROOT_PATH
 from trainer.loop.run import train
 from trainer.outputs import costs, progress
 from trainer.outputs.summaries import histogram_buckets
@@ -214,7 +214,7 @@ def test_the_known_harmless_lines_are_dropped_and_a_real_error_is_kept(level):
 
 @pytest.mark.quick
 def test_every_harmless_line_is_documented_and_matches_what_tensorflow_printed():
-    doc = (Path(__file__).parent.parent / "docs" / "console.md").read_text()
+    doc = (ROOT_PATH / "docs" / "console.md").read_text()
     printed = [CUINIT, NODEDEF, HANDLE_CACHE, TYPE_INFERENCE[0], RENDEZVOUS]
     assert [console._harmless(line) for line in printed] == list(console.HARMLESS)
     for harmless in console.HARMLESS:
@@ -244,7 +244,7 @@ time.sleep(3)
 os.write(2, {last!r}.encode())
 os.kill(os.getpid(), 9)
 """
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT_PATH)}
     task = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, env=env)
     started = time.monotonic()
     assert task.stderr.readline() == b"error: first\n" and time.monotonic() - started < 3  # live, not at the end

@@ -16,9 +16,8 @@ import tensorflow as tf
 from _data_helpers import _collect, _count_records, _images, _write_ids
 
 import data
+from tests.support.paths import ROOT
 from trainer.loop import run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _offsets(path: str) -> list[int]:

@@ -15,6 +15,7 @@ from _data_helpers import _collect, _count_records
 
 import data
 from data import digits, prepare, synthetic
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.quick  # the development subset: fast, and covers this file's checks
 
@@ -158,5 +159,5 @@ def test_synthetic_data_is_learnable(shape):
 def test_schema_and_prepare_import_without_tensorflow():
     """`python -m data.prepare` must reject bad arguments before the slow TensorFlow import."""
     code = "import sys, data, data.prepare; from data import DataError; assert 'tensorflow' not in sys.modules"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)

@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.settings import config as cfg
 from trainer.settings import resolve as resolve_lib
 from trainer.step import modes
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _CountingModes(dict):

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.system import stop as stop_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = [
     "--device=cpu",
     "--num_gpus=2",

@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.support.paths import ROOT
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.system import stop as stop_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _checkpoint_weights_finite(path: str) -> bool:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import ROOT
+
 DIGITS_FLAGS = ("--device=cpu", "--num_gpus=2", "--train_steps=150", "--eval_every_steps=0", "--log_every_steps=150")
 OUTPUT_NAMES = {"logits", "probabilities", "classes"}
 

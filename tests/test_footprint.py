@@ -9,9 +9,8 @@ import time
 import keras
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.step.memory import estimate
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.quick

@@ -3,7 +3,6 @@ checkpoint at the step it stopped and exit 75, and the rerun resumes to the weig
 "rerun the same command" is said once; an attempt killed with SIGKILL is marked as such by the next start."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -12,9 +11,9 @@ import time
 
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.system import stop as stop_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = [
     "--device=cpu",
     "--num_gpus=2",

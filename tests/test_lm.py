@@ -20,8 +20,8 @@ from models.registry import ModelError
 from models.transformer import attention_mask, parameter_count, rotary, transformer_lm
 from tasks import sample
 from tasks.lm import LanguageModel
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHARS = ["\n", " ", "a", "b", "é", "€", "😀"]  # UTF-8 lengths 1, 1, 1, 1, 2, 3, 4
 
 

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from data import text as text_data
-from tests._cluster_helpers import ROOT, Job, metrics, tf_config_envs, train_tags
+from tests._cluster_helpers import Job, metrics, tf_config_envs, train_tags
 from tests._served import RESTORED_EVAL
+from tests.support.paths import ROOT
 from trainer.settings import config as cfg
 
 K = 4

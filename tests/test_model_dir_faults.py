@@ -13,10 +13,10 @@ import sys
 import pytest
 import tensorflow as tf
 
+from tests.support.paths import ROOT
 from trainer.outputs import checkpoint_files
 from trainer.outputs.event_files import event_files, purge_events, read_whole_records
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 18
 
 

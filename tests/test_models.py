@@ -1,7 +1,6 @@
 """Tests for models/: registry, built-ins, custom builders, and what the trainer relies on."""
 
 import ast
-import pathlib
 import sys
 import types
 
@@ -12,12 +11,13 @@ import tensorflow as tf
 
 from models import ModelError, available_models, build_model, registry
 from models.common import NamedDropout
+from tests.support.paths import ROOT_PATH
 
 NUM_CLASSES = 10
 BUILTINS = ["cnn", "mlp", "resnet20", "resnet50"]
 # The smallest input each built-in is tested with; resnet50 needs 32x32.
 SMALL_SHAPE = {"cnn": (8, 8, 1), "mlp": (8, 8, 1), "resnet20": (8, 8, 1), "resnet50": (32, 32, 3)}
-MODELS_DIR = pathlib.Path(__file__).resolve().parent.parent / "models"
+MODELS_DIR = ROOT_PATH / "models"
 
 
 def _batch(input_shape, batch_size=2, seed=0):

@@ -11,13 +11,12 @@ import types
 
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.outputs import rundir
 from trainer.outputs.summaries import run_hparams
 from trainer.settings import config as cfg
 from trainer.step import modes
 from trainer.step.stepper import StepResult, Updater
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _async_config(**changes):

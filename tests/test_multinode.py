@@ -15,7 +15,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests._cluster_helpers import ROOT, Job, metrics, slurm_envs, tf_config_envs, train_tags
+from tests._cluster_helpers import Job, metrics, slurm_envs, tf_config_envs, train_tags
+from tests.support.paths import ROOT
 from trainer.system import distributed
 
 LAYOUT = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=12", "--checkpoint_every_steps=3")

@@ -28,9 +28,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.support.paths import ROOT
+
 # Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
 pytestmark = pytest.mark.xdist_group("new_user")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No PYTHONPATH: the user's directory is found because `python -m` puts it first, towerflow by its install.
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"CUDA_VISIBLE_DEVICES": ""}
 STEPS = 60

@@ -11,7 +11,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT_PATH as ROOT
+
 SECTION = "## Private TensorFlow and Keras APIs"
 PRIVATE_MODULES = ("tensorflow.python", "keras.src")
 PUBLIC_PRIVATES = {"os._exit"}  # Python's own documented functions with a leading underscore

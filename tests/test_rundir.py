@@ -13,11 +13,10 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests.support.paths import ROOT
 from trainer.loop.run import train
 from trainer.outputs import rundir
 from trainer.step.modes import settle
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_second_live_run_is_refused_naming_the_holder(make_config, tmp_path):

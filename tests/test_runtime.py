@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
+from tests.support.paths import ROOT
 from trainer.settings import config as cfg
 from trainer.settings.resolve import resolve
 from trainer.system import runtime
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = ("--device=cpu", "--train_steps=20", "--noexport", "--eval_every_steps=0", "--log_every_steps=10")
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from tests._served import RESTORED_EVAL
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
 CASES = [  # (augment, normalize, image format)
     ("none", "none", "png"),

@@ -15,10 +15,10 @@ import time
 import pytest
 
 from launch.submit import slurm as launcher
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slurm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 10-13 ms steps on 2 cores: 50-65 s of training, longer than the 15-45 s a --time=1 job with a 15 s warning
 # runs before it (so that job needs at least one requeue), and long enough to interrupt the others mid-run.
 # (4000 steps once finished inside the 20-50 s of a 10 s warning: no requeue, a failed test.)

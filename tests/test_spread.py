@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from tasks.classify import Classify
+from tests.support.paths import ROOT as REPO
 from trainer.loop.build import build
 from trainer.loop.inputs import PlacedIterator
 from trainer.loop.run import train
@@ -22,7 +23,6 @@ from trainer.system import devices
 CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 
 STEPS = 6
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _train(make_config, tmp_path, name, placement, num_towers, **loop):

@@ -13,13 +13,12 @@ import time
 import pytest
 import tensorflow as tf
 
+from tests.support.paths import ROOT
 from trainer.loop import run as run_lib
 from trainer.loop.evaluate import Evaluator
 from trainer.outputs.checkpoint import Checkpointer
 from trainer.step.asynchronous.async_update import AsyncUpdate
 from trainer.system import stop as stop_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class StepAtSignal(stop_lib.StopRequest):

@@ -17,11 +17,11 @@ import pytest
 import data
 from data.schema import Feature
 from tests import tasks_example
+from tests.support.paths import ROOT
 
 # Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
 pytestmark = pytest.mark.xdist_group("task_errors")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
 USER = "tests.tasks_example:Regression"
 LONG_RECORD = 37  # the record of long-train.tfrecord holding 12 values (Padded's max_length is 8)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from data import prepare
 from data import text as text_data
+from tests.support.paths import ROOT
 
 
 def _records(pattern: str) -> list[list[int]]:
@@ -150,7 +151,7 @@ def test_bad_arguments_fail_before_tensorflow(tmp_path):
         f"import sys; from data import prepare; code = prepare.main({argv!r}); "
         "assert 'tensorflow' not in sys.modules, 'imported'; sys.exit(code)"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=root,
@@ -168,7 +169,7 @@ NOISE = ("cudart_stub", "cpu_feature_guard", "oneDNN", "absl::InitializeLog")  #
 
 def _quiet_run(args: list[str], cwd) -> subprocess.CompletedProcess:
     """`python ARGS` in a fresh process with this checkout first on the path and no TF_CPP_MIN_LOG_LEVEL set."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = root
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

@@ -19,10 +19,10 @@ import time
 import pytest
 
 from tests import tasks_example
+from tests.support.paths import ROOT
 
 # Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
 pytestmark = pytest.mark.xdist_group("user_task")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
 STEPS = 200
 KILL_AFTER_STEP = 20
