@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.machines.multinode import free_ports
+from launch.testslurm.ports import free_ports
 from tests.support.paths import ROOT
 
 BASE_FLAGS = (

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from benchmarks.machines.multinode import free_ports
+from launch.testslurm.ports import free_ports
 from tests.support.paths import ROOT
 
 # "At once" means before TensorFlow is imported (its import alone takes 2-5 s here): each row runs with a
