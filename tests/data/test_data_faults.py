@@ -8,15 +8,14 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import data
-from tests.support.paths import ROOT
 from tests.support.records import _collect, _count_records, _images, _write_ids
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.loop import run
 
 
@@ -256,10 +255,16 @@ def test_the_trainer_exposes_the_count_of_skipped_records(tmp_path, make_config)
 
 def _trainer(*args: str, model_dir) -> subprocess.CompletedProcess:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    flags = ["--device=cpu", "--num_gpus=2", "--model=mlp", "--global_batch_size=32", "--train_steps=12"]
-    flags += ["--log_every_steps=6", "--eval_every_steps=6", "--checkpoint_every_steps=6", "--noexport"]
-    command = [sys.executable, "-m", "trainer", *flags, f"--model_dir={model_dir}", *args]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    flags = cpu_flags(
+        model="mlp",
+        global_batch_size=32,
+        train_steps=12,
+        log_every_steps=6,
+        eval_every_steps=6,
+        checkpoint_every_steps=6,
+        export=False,
+    )
+    return run_trainer(*flags, f"--model_dir={model_dir}", *args, env=env)
 
 
 def _write_run_data(tmp_path) -> tuple[list[str], list[str]]:

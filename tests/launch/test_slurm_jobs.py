@@ -16,6 +16,7 @@ import pytest
 
 from launch.submit import slurm as launcher
 from tests.support.paths import ROOT
+from tests.support.runs import run_trainer
 
 pytestmark = pytest.mark.slurm
 
@@ -84,14 +85,7 @@ def reference_sha256(tmp_path_factory):
 def _train_locally(model_dir, flags) -> dict:
     """Trains `flags` in one local process outside Slurm; returns its metrics.json."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", *flags, f"--model_dir={model_dir}"],
-        cwd=ROOT,
-        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_trainer(*flags, f"--model_dir={model_dir}", env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return _metrics(model_dir)
 

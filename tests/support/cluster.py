@@ -8,21 +8,21 @@ import random
 import re
 import socket
 import subprocess
-import sys
 import time
 
 from launch.testslurm.ports import free_ports
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, trainer_command
 
-BASE_FLAGS = (
-    "--device=cpu",
-    "--parameter_device=cpu",
-    "--deterministic",
-    "--log_every_steps=1",
-    "--eval_every_steps=0",
-    "--histogram_every_steps=0",
-    "--export=false",
-    "--cluster_timeout_sec=60",
+BASE_FLAGS = cpu_flags(
+    num_gpus=None,
+    parameter_device="cpu",
+    deterministic=True,
+    log_every_steps=1,
+    eval_every_steps=0,
+    histogram_every_steps=0,
+    export="false",
+    cluster_timeout_sec=60,
 )
 
 
@@ -69,7 +69,7 @@ class Job:
         self.model_dir = str(model_dir)
         self.logs = [f"{self.model_dir}.task{i}.log" for i in range(len(envs))]
         base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM") and k != "TF_CONFIG"}
-        args = [sys.executable, "-m", "trainer", f"--model_dir={self.model_dir}", f"--num_gpus={num_gpus}"]
+        args = trainer_command(f"--model_dir={self.model_dir}", f"--num_gpus={num_gpus}")
         self.procs = []
         for env, log in zip(envs, self.logs, strict=True):
             with open(log, "w") as out:

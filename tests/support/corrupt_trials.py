@@ -25,18 +25,17 @@ import subprocess
 import sys
 import tempfile
 
-from tests.support.paths import ROOT
+from tests.support import runs
+from tests.support.runs import cpu_flags
 
-FLAGS = (
-    "--device=cpu",
-    "--num_gpus=2",
-    "--checkpoint_every_steps=10",
-    "--keep_checkpoints=3",
-    "--log_every_steps=10",
-    "--eval_every_steps=10",
-    "--lr_schedule=constant",
-    "--deterministic",
-    "--noexport",
+FLAGS = cpu_flags(
+    checkpoint_every_steps=10,
+    keep_checkpoints=3,
+    log_every_steps=10,
+    eval_every_steps=10,
+    lr_schedule="constant",
+    deterministic=True,
+    export=False,
 )
 STEPS, STOPPED_AT = 30, 20
 KINDS = {  # file kind -> glob under the model_dir
@@ -70,9 +69,10 @@ class Trial:
 def run_trainer(model_dir: str, steps: int) -> tuple[int | None, str, str]:
     """(exit code or None after a hang, stdout, stderr) of `python -m trainer` on the digits."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    command = [sys.executable, "-m", "trainer", *FLAGS, f"--train_steps={steps}", f"--model_dir={model_dir}"]
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_SEC)
+        done = runs.run_trainer(
+            *FLAGS, f"--train_steps={steps}", f"--model_dir={model_dir}", env=env, timeout=TIMEOUT_SEC
+        )
     except subprocess.TimeoutExpired as e:
         return None, str(e.stdout or ""), str(e.stderr or "")
     return done.returncode, done.stdout, done.stderr

@@ -10,7 +10,6 @@ import concurrent.futures
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +17,7 @@ import data
 from data.schema import Feature
 from tests.support import tasks_example
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 
 # Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
 pytestmark = pytest.mark.xdist_group("task_errors")
@@ -73,15 +73,8 @@ CASES = {
         "task regression: --task_args=hidden=x must be a positive integer",
     ),
 }
-COMMON = (
-    "--device=cpu",
-    "--num_gpus=2",
-    "--deterministic",
-    "--global_batch_size=16",
-    "--train_steps=30",
-    "--eval_every_steps=0",
-    "--log_every_steps=0",
-    "--noexport",
+COMMON = cpu_flags(
+    deterministic=True, global_batch_size=16, train_steps=30, eval_every_steps=0, log_every_steps=0, export=False
 )
 
 
@@ -98,8 +91,7 @@ def _write_bad_records(directory: str) -> None:
 
 
 def _run(args: list[str], model_dir: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "trainer", *COMMON, *args, f"--model_dir={model_dir}"]
-    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return run_trainer(*COMMON, *args, f"--model_dir={model_dir}", env=ENV)
 
 
 @pytest.fixture(scope="module")

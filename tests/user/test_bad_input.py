@@ -11,12 +11,12 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
 import pytest
 
 from launch.testslurm.ports import free_ports
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 
 # "At once" means before TensorFlow is imported (its import alone takes 2-5 s here): each row runs with a
 # `tensorflow` package first on the path that fails any import of it, so a row that imports TensorFlow fails
@@ -191,14 +191,7 @@ def test_bad_input_exits_2_at_once_with_one_line(places, tmp_path, args, env, fi
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM") and k != "TF_CONFIG"}
     env = {**base, "CUDA_VISIBLE_DEVICES": "", **{k: _filled(v, places) for k, v in env.items()}}
     env["PYTHONPATH"] = os.pathsep.join([f"{places['tmp']}/guard", ROOT])
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", "--device=cpu", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_trainer(*cpu_flags(num_gpus=None), *args, env=env, timeout=60)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(_filled(first_line, places)), result.stderr

@@ -6,13 +6,11 @@ import json
 import os
 import platform
 import re
-import subprocess
-import sys
 
 import pytest
 from absl import flags
 
-from tests.support.paths import ROOT
+from tests.support.runs import run_trainer
 from trainer import cli
 from trainer.settings import flags as tf_flags
 
@@ -30,9 +28,7 @@ def _run(*args, expect=0, native_env=False):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     if native_env:
         env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")}
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_trainer(*args, env=env)
     assert result.returncode == expect, result.stderr[-3000:]
     return result
 

@@ -29,6 +29,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support.paths import ROOT
+from tests.support.runs import trainer_command
 
 # Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
 pytestmark = pytest.mark.xdist_group("new_user")
@@ -159,7 +160,7 @@ def project(tmp_path_factory):
 def _trainer(project_dir, name: str, data: tuple[str, str], *extra: str) -> list[str]:
     train, evaluation = (os.path.relpath(pattern, project_dir) for pattern in data)
     return [
-        sys.executable, "-m", "trainer", "--task=langid:LangId", "--device=cpu", "--num_gpus=2", "--deterministic",
+        *trainer_command(), "--task=langid:LangId", "--device=cpu", "--num_gpus=2", "--deterministic",
         f"--train_data={train}", f"--eval_data={evaluation}",
         f"--train_steps={STEPS}", "--global_batch_size=32", "--optimizer=adam", "--learning_rate=0.01",
         "--log_every_steps=20", "--eval_every_steps=0", "--checkpoint_every_steps=20", f"--model_dir=models/{name}",

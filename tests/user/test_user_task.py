@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import tasks_example
 from tests.support.paths import ROOT
+from tests.support.runs import trainer_command
 
 # Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
 pytestmark = pytest.mark.xdist_group("user_task")
@@ -47,7 +48,7 @@ EVAL_MAE_BOUND = 0.1
 
 def _start(model_dir, patterns, *extra) -> subprocess.Popen:
     train, evaluation = patterns
-    command = [sys.executable, "-m", "trainer", *FLAGS, f"--train_data={train}", f"--eval_data={evaluation}"]
+    command = trainer_command(*FLAGS, f"--train_data={train}", f"--eval_data={evaluation}")
     command += [f"--model_dir={model_dir}", *extra]
     log = open(f"{model_dir}.log", "w")  # noqa: SIM115 (closed with the process, in _finish)
     return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)

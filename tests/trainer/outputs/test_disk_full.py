@@ -5,33 +5,29 @@ it to the weights of an uninterrupted run. Needs root (tmpfs)."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.system import stop as stop_lib
 
-FLAGS = [
-    "--device=cpu",
-    "--num_gpus=2",
-    "--micro_batches=2",
-    "--global_batch_size=64",
-    "--deterministic",
-    "--train_steps=60",
-    "--log_every_steps=20",
-    "--eval_every_steps=0",
-    "--checkpoint_every_steps=5",
-    "--keep_checkpoints=20",
-    "--histogram_every_steps=0",
-    "--noexport",
-]
+FLAGS = cpu_flags(
+    micro_batches=2,
+    global_batch_size=64,
+    deterministic=True,
+    train_steps=60,
+    log_every_steps=20,
+    eval_every_steps=0,
+    checkpoint_every_steps=5,
+    keep_checkpoints=20,
+    histogram_every_steps=0,
+    export=False,
+)
 
 
 def _trainer(model_dir, *extra):
-    command = [sys.executable, "-m", "trainer", *FLAGS, *extra, f"--model_dir={model_dir}"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's shell: TF quiet
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return run_trainer(*FLAGS, *extra, f"--model_dir={model_dir}", env=env)
 
 
 @pytest.fixture

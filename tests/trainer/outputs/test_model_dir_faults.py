@@ -8,12 +8,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
-from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.outputs import checkpoint_files
 from trainer.outputs.event_files import event_files, purge_events, read_whole_records
 
@@ -22,13 +21,19 @@ STEPS = 18
 
 def _trainer(model_dir, train_steps: int) -> subprocess.CompletedProcess:
     """mlp on 2 CPU towers, constant learning rate: a run resumed at step s is the uninterrupted run's steps."""
-    flags = ["--device=cpu", "--num_gpus=2", "--model=mlp", "--deterministic", "--lr_schedule=constant"]
-    flags += ["--log_every_steps=3", "--eval_every_steps=6", "--checkpoint_every_steps=3", "--keep_checkpoints=2"]
-    command = [sys.executable, "-m", "trainer", *flags, "--noexport", f"--train_steps={train_steps}"]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(
-        [*command, f"--model_dir={model_dir}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    flags = cpu_flags(
+        model="mlp",
+        deterministic=True,
+        lr_schedule="constant",
+        log_every_steps=3,
+        eval_every_steps=6,
+        checkpoint_every_steps=3,
+        keep_checkpoints=2,
+        export=False,
+        train_steps=train_steps,
     )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = run_trainer(*flags, f"--model_dir={model_dir}", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

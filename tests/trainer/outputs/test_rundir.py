@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.loop.run import train
 from trainer.outputs import rundir
 from trainer.step.modes import settle
@@ -65,19 +66,16 @@ def test_resume_with_other_defining_flags_is_refused_unless_allowed(make_config,
     assert json.loads((tmp_path / "run" / rundir.RUN_FILE).read_text())["seed"] == 2
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-
-
 def test_cli_refusal_keeps_flags_txt_and_history_grows_per_start(tmp_path):
-    common = ["--device=cpu", "--num_gpus=2", "--train_steps=4", "--eval_every_steps=0", "--noexport"]
-    assert _cli(*common, "--seed=3", f"--model_dir={tmp_path}/run").returncode == 0
-    refused = _cli(*common, "--seed=4", f"--model_dir={tmp_path}/run")
+    common = cpu_flags(train_steps=4, eval_every_steps=0, export=False)
+    assert run_trainer(*common, "--seed=3", f"--model_dir={tmp_path}/run").returncode == 0
+    refused = run_trainer(*common, "--seed=4", f"--model_dir={tmp_path}/run")
     assert refused.returncode == 2 and "--seed: 3 -> 4" in refused.stderr and "Traceback" not in refused.stderr
     assert "--seed=3\n" in (tmp_path / "run" / "flags.txt").read_text()
-    assert _cli(*common[:2], "--train_steps=6", "--seed=3", "--noexport", f"--model_dir={tmp_path}/run").returncode == 0
+    assert (
+        run_trainer(*common[:2], "--train_steps=6", "--seed=3", "--noexport", f"--model_dir={tmp_path}/run").returncode
+        == 0
+    )
     history = (tmp_path / "run" / "flags.history").read_text()
     assert history.count("# start: host") == 2 and "--train_steps=4\n" in history and "--train_steps=6\n" in history
 
@@ -168,18 +166,18 @@ def test_augmentation_and_normalization_compare_as_resolved(make_config, tmp_pat
 
 
 def test_cli_refuses_auto_augmentation_on_a_run_from_before_it(tmp_path):
-    common = ["--device=cpu", "--num_gpus=1", "--global_batch_size=16", "--train_steps=1", "--noexport"]
+    common = cpu_flags(num_gpus=1, global_batch_size=16, train_steps=1, export=False)
     common += ["--model=resnet20", "--eval_every_steps=0", f"--model_dir={tmp_path}/run"]
-    assert _cli(*common, "--augment=none").returncode == 0
+    assert run_trainer(*common, "--augment=none").returncode == 0
     path = tmp_path / "run" / rundir.RUN_FILE
     recorded = json.loads(path.read_text())
     del recorded["data.augment"], recorded["data.normalize"]  # as before augmentation (cache is never recorded)
     path.write_text(json.dumps(recorded))
-    refused = _cli(*common[:3], "--train_steps=2", *common[4:])  # --augment=auto (the default)
+    refused = run_trainer(*common[:3], "--train_steps=2", *common[4:])  # --augment=auto (the default)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "--augment: 'none' -> 'crop_flip' (auto for resnet20)" in refused.stderr
     assert "--augment=none), use a new --model_dir, or pass --allow_flag_changes" in refused.stderr
-    assert _cli(*common[:3], "--train_steps=2", *common[4:], "--augment=none").returncode == 0
+    assert run_trainer(*common[:3], "--train_steps=2", *common[4:], "--augment=none").returncode == 0
 
 
 def _chain_run(make_config, tmp_path, **config):

@@ -15,28 +15,23 @@ import urllib.request
 
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
 
 
 def _trainer(model_dir, learning_rate: float, train_steps: int) -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    args = [
-        "--device=cpu",
-        "--num_gpus=2",
-        "--global_batch_size=64",
-        f"--learning_rate={learning_rate}",
-        f"--train_steps={train_steps}",
-        "--log_every_steps=5",
-        "--eval_every_steps=10",
-        "--checkpoint_every_steps=10",
-        "--noexport",
-        f"--model_dir={model_dir}",
-    ]
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    flags = cpu_flags(
+        global_batch_size=64,
+        learning_rate=learning_rate,
+        train_steps=train_steps,
+        log_every_steps=5,
+        eval_every_steps=10,
+        checkpoint_every_steps=10,
+        export=False,
     )
+    result = run_trainer(*flags, f"--model_dir={model_dir}", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((model_dir / "metrics.json").read_text())
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.runs import run_trainer
 from trainer.settings import config as cfg
 from trainer.settings.resolve import resolve
 from trainer.step.modes import mode_for
@@ -64,10 +65,7 @@ def test_micro_batch_defaults_to_one_per_tower():
 
 
 def _cli(*args, timeout=120):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_trainer(*args, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=timeout)
 
 
 def test_cli_rejects_bad_flags_before_importing_tensorflow():

@@ -2,14 +2,12 @@
 (it was a traceback after 27 s that did not say memory)."""
 
 import os
-import subprocess
-import sys
 import time
 
 import keras
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.step.memory import estimate
 
 
@@ -25,14 +23,8 @@ def test_activations_are_every_layer_output_per_example():
 def test_a_batch_that_cannot_fit_is_refused_with_the_estimate(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", "--device=cpu", "--global_batch_size=10000000", f"--model_dir={tmp_path}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    flags = cpu_flags(num_gpus=None, global_batch_size=10000000)
+    result = run_trainer(*flags, f"--model_dir={tmp_path}", env=env, timeout=120)
     elapsed = time.monotonic() - started
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()

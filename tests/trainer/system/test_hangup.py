@@ -6,34 +6,31 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer, trainer_command
 from trainer.system import stop as stop_lib
 
-FLAGS = [
-    "--device=cpu",
-    "--num_gpus=2",
-    "--global_batch_size=64",
-    "--deterministic",
-    "--train_steps=400",
-    "--log_every_steps=1",
-    "--eval_every_steps=0",
-    "--checkpoint_every_steps=20",
-    "--histogram_every_steps=0",
-    "--noexport",
-]
+FLAGS = cpu_flags(
+    global_batch_size=64,
+    deterministic=True,
+    train_steps=400,
+    log_every_steps=1,
+    eval_every_steps=0,
+    checkpoint_every_steps=20,
+    histogram_every_steps=0,
+    export=False,
+)
 
 
 def _start(model_dir):
     """The trainer as started from a terminal: SIGHUP at its default, whatever this process does with it (a
     pytest-xdist worker ignores it, and the trainer rightly leaves an inherited SIG_IGN alone, as under nohup)."""
-    command = [sys.executable, "-m", "trainer", *FLAGS, f"--model_dir={model_dir}"]
     return subprocess.Popen(
-        command,
+        trainer_command(*FLAGS, f"--model_dir={model_dir}"),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -57,8 +54,7 @@ def _until_step(process, step: int) -> str:
 
 
 def _run(model_dir) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "trainer", *FLAGS, f"--model_dir={model_dir}"]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return run_trainer(*FLAGS, f"--model_dir={model_dir}")
 
 
 def _sha(model_dir) -> str:

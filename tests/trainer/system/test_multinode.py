@@ -8,8 +8,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,6 +15,7 @@ import tensorflow as tf
 
 from tests.support.cluster import Job, metrics, slurm_envs, tf_config_envs, train_tags
 from tests.support.paths import ROOT
+from tests.support.runs import run_trainer
 from trainer.system import distributed
 
 LAYOUT = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=12", "--checkpoint_every_steps=3")
@@ -243,14 +242,14 @@ def test_a_bad_cluster_is_refused_before_tensorflow_loads(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT]),
         "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"index": 3}}),
     }
-    command = [sys.executable, "-m", "trainer", f"--model_dir={tmp_path / 'run'}"]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    model_dir_flag = f"--model_dir={tmp_path / 'run'}"
+    done = run_trainer(model_dir_flag, env=env, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "index" in done.stderr and "3" in done.stderr
     assert "tensorflow was imported" not in done.stderr
     # the same shadowed tensorflow with a valid cluster does get imported: the check above can fail
     env["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})
-    imported = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    imported = run_trainer(model_dir_flag, env=env, timeout=120)
     assert "tensorflow was imported" in imported.stderr, imported.stderr[-3000:]
 
 

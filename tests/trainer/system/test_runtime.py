@@ -2,30 +2,21 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.settings import config as cfg
 from trainer.settings.resolve import resolve
 from trainer.system import runtime
 
-SHORT = ("--device=cpu", "--train_steps=20", "--noexport", "--eval_every_steps=0", "--log_every_steps=10")
+SHORT = cpu_flags(num_gpus=None, train_steps=20, export=False, eval_every_steps=0, log_every_steps=10)
 
 
 def _run(*args, expect=0):
     # what in-process runs of other tests may have set (runtime.apply under --deterministic) must not leak
     env = {k: v for k, v in os.environ.items() if k not in (runtime.ONEDNN_ENV, runtime.AUTOTUNE_ENV)}
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
-        cwd=ROOT,
-        env={**env, "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_trainer(*args, env={**env, "CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == expect, result.stderr[-3000:]
     return result
 

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -14,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, trainer_command
 from trainer.loop import run as run_lib
 from trainer.loop.evaluate import Evaluator
 from trainer.outputs.checkpoint import Checkpointer
@@ -233,7 +233,7 @@ def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monk
 @pytest.mark.quick
 def test_cli_signal_during_imports_exits_resumable(tmp_path):
     process = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "--device=cpu", f"--model_dir={tmp_path}/run"],
+        trainer_command(*cpu_flags(num_gpus=None), f"--model_dir={tmp_path}/run"),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
