@@ -1,2 +1,2 @@
 """What the tests share: the repository's root, running the trainer, the flags of a CPU run, fixtures and
-helpers. Nothing here imports benchmarks/ (tests/test_layout.py)."""
+helpers. Nothing here imports benchmarks/."""

@@ -5,14 +5,12 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.outputs import report
@@ -68,24 +66,8 @@ def test_the_weights_are_those_before_the_bad_update(make_config, tmp_path):
 
 
 def test_cli_exits_3_and_writes_strict_json(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "--device=cpu",
-            "--num_gpus=2",
-            "--learning_rate=1e6",
-            "--optimizer=sgd",
-            "--lr_schedule=constant",
-            "--train_steps=200",
-            f"--model_dir={tmp_path}/run",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    flags = cpu_flags(learning_rate="1e6", optimizer="sgd", lr_schedule="constant", train_steps=200)
+    result = run_trainer(*flags, f"--model_dir={tmp_path}/run")
     assert result.returncode == stop_lib.EXIT_DIVERGED, result.stderr[-2000:]
     assert "error: training diverged:" in result.stderr and "Traceback" not in result.stderr
 

@@ -9,13 +9,13 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags, run_trainer, trainer_command
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.outputs import checkpoint_files
@@ -245,31 +245,30 @@ def test_leftovers_of_interrupted_saves_are_removed(make_config, tmp_path, capsy
     assert _on_disk(run) == sorted([*_files_of(8, 12, 16), "ckpt-12.index.bak", "ckpt-best_temp"])
 
 
+def _flags(model_dir) -> list[str]:
+    flags = cpu_flags(
+        global_batch_size=64,
+        model="mlp",
+        deterministic=True,
+        lr_schedule="constant",
+        train_steps=40,
+        checkpoint_every_steps=1,
+        keep_checkpoints=3,
+        log_every_steps=0,
+        eval_every_steps=0,
+        histogram_every_steps=0,
+        export=False,
+    )
+    return [*flags, f"--model_dir={model_dir}"]
+
+
 def _trainer_command(model_dir) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--device=cpu",
-        "--num_gpus=2",
-        "--global_batch_size=64",
-        "--model=mlp",
-        "--deterministic",
-        "--lr_schedule=constant",
-        "--train_steps=40",
-        "--checkpoint_every_steps=1",
-        "--keep_checkpoints=3",
-        "--log_every_steps=0",
-        "--eval_every_steps=0",
-        "--histogram_every_steps=0",
-        "--noexport",
-        f"--model_dir={model_dir}",
-    ]
+    return trainer_command(*_flags(model_dir))
 
 
 def _run_trainer(model_dir) -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(_trainer_command(model_dir), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = run_trainer(*_flags(model_dir), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((model_dir / "metrics.json").read_text())
 

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags
 
-DIGITS_FLAGS = ("--device=cpu", "--num_gpus=2", "--train_steps=150", "--eval_every_steps=0", "--log_every_steps=150")
+DIGITS_FLAGS = cpu_flags(train_steps=150, eval_every_steps=0, log_every_steps=150)
 OUTPUT_NAMES = {"logits", "probabilities", "classes"}
 
 # A client in a fresh process: nothing of the trainer is imported, only TensorFlow and the eval data.
@@ -170,7 +171,7 @@ def test_an_unfinished_export_is_removed_and_never_looks_like_a_version(digits_r
 def test_spread_bf16_export_loads_and_returns_float32(tmp_path):
     run = tmp_path / "run"
     flags = ("--parameter_device=spread", "--mixed_precision=bf16", "--train_steps=40", "--eval_every_steps=0")
-    _run("--device=cpu", "--num_gpus=2", *flags, f"--model_dir={run}")
+    _run(*cpu_flags(), *flags, f"--model_dir={run}")
     metrics = _metrics(run)
     assert len(metrics["parameter_devices"]) == 2  # the variables really were on two devices
     report = _client(run / "export" / "40")
@@ -202,7 +203,7 @@ def test_dense_export_takes_float_features(tmp_path):
     run = tmp_path / "run"
     eval_glob = str(records / "eval-*")
     flags = (f"--train_data={records / 'train-*'}", f"--eval_data={eval_glob}", "--num_classes=4", "--model=mlp")
-    _run("--device=cpu", "--num_gpus=2", "--train_steps=30", "--eval_every_steps=0", *flags, f"--model_dir={run}")
+    _run(*cpu_flags(train_steps=30, eval_every_steps=0), *flags, f"--model_dir={run}")
     report = _client(run / "export" / "30", eval_glob)
     assert report["signatures"] == ["predict_float", "serving_default"]
     assert report["inputs"]["serving_default"] == {"features": ["float32", [None, 20]]}

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags
 from tests.support.served import RESTORED_EVAL
 
 CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
@@ -88,23 +89,19 @@ def records(tmp_path_factory):
 def test_export_serves_what_eval_evaluated(records, tmp_path, augment, normalize, image_format):
     data_dir, run = records[image_format], tmp_path / "run"
     eval_glob = str(data_dir / "eval-*")
-    _python(
-        "-m",
-        "trainer",
-        "--device=cpu",
-        "--num_gpus=2",
-        "--model=mlp",
-        f"--train_data={data_dir / 'train-*'}",
-        f"--eval_data={eval_glob}",
-        "--num_classes=10",
-        f"--augment={augment}",
-        f"--normalize={normalize}",
-        "--global_batch_size=32",
-        "--train_steps=40",
-        "--eval_every_steps=0",
-        "--log_every_steps=40",
-        f"--model_dir={run}",
+    flags = cpu_flags(
+        model="mlp",
+        train_data=data_dir / "train-*",
+        eval_data=eval_glob,
+        num_classes=10,
+        augment=augment,
+        normalize=normalize,
+        global_batch_size=32,
+        train_steps=40,
+        eval_every_steps=0,
+        log_every_steps=40,
     )
+    _python("-m", "trainer", *flags, f"--model_dir={run}")
     metrics = json.loads((run / "metrics.json").read_text())
     assert (metrics["augment"], metrics["normalize"]) == (augment, normalize)
     evaluated = json.loads(_python("-c", _EVAL, str(run)).strip().splitlines()[-1])
