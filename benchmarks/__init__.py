@@ -14,5 +14,6 @@ between the two sides of a figure.
     results/     what was measured: RESULTS.md (the index), its pages, the raw JSON
 
 Imports go one way: `harness/` imports nothing else of benchmarks/, `input/` only `harness/`, `figures.py` both;
-`machines/`, `probes/` and `__main__.py` are on top, and nothing imports them (tests/test_benchmarks.py checks it).
+`machines/`, `probes/` and `__main__.py` are on top, and nothing imports them
+(tests/benchmarks/test_benchmarks.py checks it).
 """

@@ -104,7 +104,7 @@ def decode_crop(encoded: tf.Tensor, window_of, channels: int) -> tf.Tensor:
         # its left and right edge pixels (by up to 3 levels; libjpeg starts a cropped row at an MCU boundary
         # and upsamples it as if the image began there). A margin of one pixel keeps the window's pixels
         # away from that boundary, so decoding the window and a 2-pixel margin and cropping gives the pixels
-        # of the whole-image decode, bit for bit (tests/test_augment.py: 4:2:0 and 4:4:4), and cached and
+        # of the whole-image decode, bit for bit (tests/data/test_augment.py: 4:2:0 and 4:4:4), and cached and
         # uncached runs agree. Rows need no margin (libjpeg reads the context rows itself): one costs little.
         begin = tf.maximum(window[:2] - _JPEG_MARGIN, 0)
         end = tf.minimum(window[:2] + window[2:] + _JPEG_MARGIN, shape[:2])

@@ -11,7 +11,7 @@ stateless shuffle keyed on (seed, e, c + 1), every `shares`-th record kept, then
 seed. A decoded cache (`data.cache`) knows how many records each file holds, so `epoch_ids` computes that same
 order of record ids in one step per epoch, without a tf.data element per record: the per-record elements
 (unbatch, shuffle buffer, a position per record) cost ~4.9 ms of CPU per batch of 128 digits, a third of a
-training step. The two live here together: a change to one is a change to the other (tests/test_order.py).
+training step. The two live here together: a change to one is a change to the other (tests/data/test_order.py).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def _interleave_slots(chunks: tf.Tensor, cycle: int | tf.Tensor) -> tuple[tf.Ten
 
     tf.data's deterministic interleave fills its `cycle` slots with files in turn order; a file's slot
     notices its end one round after its last chunk, and the next file opens there one round later still
-    (tests/test_order.py checks this against `Dataset.interleave` for many files and counts).
+    (tests/data/test_order.py checks this against `Dataset.interleave` for many files and counts).
     """
     slot_ids = tf.range(cycle, dtype=tf.int64)  # `cycle` may be a tensor
 

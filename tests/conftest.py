@@ -14,8 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import pytest  # noqa: E402
 
-from tests.node_fixture import node_slurm, three_node_slurm, two_node_slurm  # noqa: E402, F401 (tests marked twonode)
-from tests.slurm_fixture import local_slurm  # noqa: E402, F401 (the session's local Slurm, for tests marked slurm)
+from tests.support.node_fixture import node_slurm, three_node_slurm, two_node_slurm  # noqa: E402, F401 (tests marked twonode)
+from tests.support.slurm_fixture import local_slurm  # noqa: E402, F401 (the session's local Slurm, for tests marked slurm)
 
 NUM_LOGICAL_DEVICES = 4
 

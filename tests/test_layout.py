@@ -24,7 +24,8 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT_PATH as ROOT
+
 TRAINER = ROOT / "trainer"
 PACKAGES = ("trainer", "data", "launch", "models", "tasks", "benchmarks")
 FLOORS = {"settings": 1, "system": 2, "step": 3, "outputs": 4, "loop": 5, "__main__": 6, "cli": 6}

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 
 from benchmarks.harness import paths
+from launch.testslurm.ports import free_ports
 
 COMMON = (
     "--device=cpu",
@@ -40,16 +40,6 @@ COMMON = (
     "--histogram_every_steps=0",
     "--export=false",
 )
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def run(num_tasks: int, towers_per_task: int, flags: list[str], model_dir: str, pin: bool = False) -> dict:

@@ -32,8 +32,9 @@ from importlib import metadata
 
 from benchmarks.harness import paths
 from benchmarks.harness.plan import Setting
-from benchmarks.machines.multinode import COMMON, _machine, free_ports, model_bytes
+from benchmarks.machines.multinode import COMMON, _machine, model_bytes
 from launch.testslurm import netns
+from launch.testslurm.ports import free_ports
 
 EXAMPLES_PER_MICRO_BATCH = 2
 RUN_TIMEOUT_SEC = 1800

@@ -33,7 +33,7 @@ node's GPUs (`--num_gpus` is per task); T > 1 is mainly for trying several tasks
   automatically forwarded to the tasks it is controlling with a few exceptions"). On Slurm 22.05 with
   proctrack/cgroup that SIGKILL did not cut the tasks' grace short during a requeue (the step is already
   being cancelled): the chief finished its step, checkpointed and exited 75 a second later
-  (tests/test_slurm_jobs.py). Elsewhere, treat KillWait as the budget for the step in progress plus one
+  (tests/launch/test_slurm_jobs.py). Elsewhere, treat KillWait as the budget for the step in progress plus one
   checkpoint. `scancel --signal=TERM JOB` (no --full/--batch) signals the step tasks only, not srun.
 - After the step, the batch shell (on the first node, the chief's) runs `python -m launch.job.lost`:
   when the run's last attempt ended because a task was lost (`--peer_timeout_sec` passed, a killed task, the

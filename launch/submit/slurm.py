@@ -9,7 +9,7 @@ the run has M*T*num_gpus towers. The normal layout is one task per node driving 
 default); T > 1 is mainly for testing several tasks on one node. `--nodes=MIN-MAX` (Slurm's range) starts on
 as many nodes as Slurm gives, every count in the range checked first; a resume may have another count (the
 weights do not depend on it: docs/towers.md), as Slurm allocates a requeued job afresh, up to MAX of the nodes
-idle then (tests/test_node_counts.py). With T > 1, Slurm starts a range on MIN nodes (the task count
+idle then (tests/launch/test_node_counts.py). With T > 1, Slurm starts a range on MIN nodes (the task count
 is fixed at MIN x T when the job is submitted).
 
 The trainer flags are checked before anything is submitted (a typo fails now, not after hours in the

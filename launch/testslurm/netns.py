@@ -5,10 +5,10 @@ Processes on 127.0.0.1 share `lo`, whose byte counter merges every task's traffi
 namespace `tfnode<i>` (i = 1..N) behind a veth pair: `eth0` inside with address 10.78.0.(10 + i)/24, the host
 side `vtf<i>` on the bridge `br-tf` (10.78.0.1/24). Every byte a namespace sends or receives crosses its
 veth, so the kernel's counters of the host side give that task's traffic alone (`read_counters`: host-side
-rx = bytes the namespace sent). That is `WIRE`, the network of benchmarks.machines.wire and tests/test_wire.py; the
-module's functions are its methods. Another `Network` (other bridge, subnet and names) can run beside it:
-node_slurm.py's nodes live on one (br-tf2n, 10.79.0.0/24, tfn1, tfn2, ...), and give their
-namespaces names that resolve (`publish_names`). Needs root and iproute2's `ip`; stdlib only, no TensorFlow.
+rx = bytes the namespace sent). That is `WIRE`, the network of benchmarks.machines.wire and
+tests/launch/test_wire.py; the module's functions are its methods. Another `Network` (other bridge, subnet and
+names) can run beside it: node_slurm.py's nodes live on one (br-tf2n, 10.79.0.0/24, tfn1, tfn2, ...), and give
+their namespaces names that resolve (`publish_names`). Needs root and iproute2's `ip`; stdlib only, no TensorFlow.
 """
 
 from __future__ import annotations

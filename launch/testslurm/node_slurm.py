@@ -10,7 +10,7 @@ namespaces and on the host (`Network.publish_names`): a job's tasks find each ot
 launch.job.cluster names them. A site of its own (slurm_conf.py): /var/lib/towerflow-slurm-nodes (or
 $TOWERFLOW_SLURM_NODES_DIR), ClusterName towerflownodes, ports 6917/6918, job ids from 1001, so it runs beside
 local_slurm.py's one-node Slurm; namespaces, bridge and addresses differ from netns.WIRE's
-(tests/test_wire.py). The node count is part of slurm.conf: `up` with another count than the running one
+(tests/launch/test_wire.py). The node count is part of slurm.conf: `up` with another count than the running one
 rewrites it and restarts the daemons (a few seconds; a namespace left from a larger count stays, unused, until
 `down`). It uses proctrack/linuxproc: every slurmd shares the machine's one cgroup tree, where
 proctrack/cgroup would put a job's steps on several nodes in one directory. The requeue hold and scheduler

@@ -8,7 +8,7 @@ optimizer slot as one. `checkpoints/` holds no event files, so TensorBoard never
 them in `model_dir`; `move_from_model_dir` moves them over on resume.
 
 What TensorFlow 2.21 writes, and what it notices of damage (measured by damaging checkpoints of the cnn and
-mlp runs one byte at a time; tests/test_checkpoint_faults.py keeps one case of each kind):
+mlp runs one byte at a time; tests/trainer/outputs/test_checkpoint_faults.py keeps one case of each kind):
 - A checkpoint `ckpt-N` is `ckpt-N.index` (an SSTable with block checksums) and `ckpt-N.data-00000-of-00001`
   (every tensor with its CRC32C; variant tensors such as the tf.data iterator state carry one per element).
   Reading every tensor back raised on each of 782 flipped bytes spread over a data file (DataLossError,

@@ -15,9 +15,9 @@ import json
 import statistics
 import sys
 
-from benchmarks.machines.multinode import free_ports
 from benchmarks.machines.strategies import cluster as pc
 from benchmarks.machines.strategies.sync import RUN_TIMEOUT_SEC, check_codes, run_towerflow
+from launch.testslurm.ports import free_ports
 
 EXAMPLES_PER_UPDATE = 64  # towerflow: --global_batch_size=128 / K=2 micro-batches, one update each
 STEPS_PER_EXECUTION = 10

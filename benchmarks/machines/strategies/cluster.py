@@ -18,9 +18,10 @@ import threading
 import time
 
 from benchmarks.harness import paths
-from benchmarks.machines.multinode import cores_of, free_ports
+from benchmarks.machines.multinode import cores_of
 from benchmarks.machines.wire import PROXY_VARIABLES
 from launch.testslurm import netns
+from launch.testslurm.ports import free_ports
 
 NET = netns.Network(bridge="br-peers", subnet="10.81.0", prefix="tfpeer", veth_prefix="vpeer")
 

@@ -25,7 +25,7 @@ BASE_PORT = 21000  # + job id mod 1000: two jobs of this Slurm never share a por
 SBATCH = Path(__file__).with_name("mwms.sbatch")
 GLOBAL_BATCH = 128
 JOB_TIMEOUT_SEC = 600
-# Every state a job ends in (as tests/_node_helpers.py's DONE: scontrol shows it while MinJobAge keeps the job)
+# Every state a job ends in (as tests/support/node_jobs.py's DONE: scontrol shows it while MinJobAge keeps the job)
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 

@@ -10,7 +10,7 @@ flattened and concatenated on the sender, sent as one tensor, and split and resh
 transfer per (source device, destination device, dtype).
 
 Concat, split and reshape copy bits, and every add of the tree is the same add on the same device as
-unfused, so the weights are bitwise those of the unfused step (tests/test_fusion.py). What it costs:
+unfused, so the weights are bitwise those of the unfused step (tests/trainer/step/test_fusion.py). What it costs:
 the buffer leaves when its last tensor exists, where unfused each gradient's partial sum leaves as soon as
 it is summed (overlap with the rest of the backward pass), and a copy on each side. Left unfused: the
 mirrored variables' all-reduce (`Layout.all_reduce`), the per-micro-batch losses (read to name a

@@ -4,8 +4,8 @@ Keras 3's `SGD.update_step` builds its update from element-wise ops (~8 graph op
 multiplies, a subtract, the assigns), and `apply_gradients` adds its own bookkeeping around them. TensorFlow's
 training kernels do the same arithmetic in one op per variable: `ResourceApplyGradientDescent` computes
 `var - grad * lr`, `ResourceApplyKerasMomentum` computes `accum = accum * momentum - grad * lr; var += accum`,
-the same float32 operations in the same order as Keras's (tests/test_fused.py compares the bits over steps of
-random gradients). On a short step those ops are a measurable share of the time (`benchmarks/results/keras.md`,
+the same float32 operations in the same order as Keras's (tests/trainer/step/test_fused.py compares the bits over steps
+of random gradients). On a short step those ops are a measurable share of the time (`benchmarks/results/keras.md`,
 "Against Keras `model.fit`"), and async mode pays them once per micro-batch.
 
 Only plain SGD, with or without momentum, takes the fused path: Adam's fused kernel rounds differently from

@@ -14,7 +14,7 @@ itself, through the optimizer's public API, one variable at a time under that va
   does them, around the inner optimizer's update above;
 - anything else (an option towerflow never sets): Keras's own `apply_gradients`, on the ambient device.
 
-Each path gives the bits of Keras's `apply_gradients` (tests/test_fused.py compares them variable by
+Each path gives the bits of Keras's `apply_gradients` (tests/trainer/step/test_fused.py compares them variable by
 variable and slot by slot); only where the ops run changes. Keras creates each slot colocated with its
 variable, so the slots need nothing.
 """

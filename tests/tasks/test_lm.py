@@ -1,0 +1,347 @@
+"""Tests of the language model: models/transformer.py, tasks/lm.py (loss and metrics against numpy, vocab.json,
+serving) and `python -m tasks.sample`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data import DataError
+from models.registry import ModelError
+from models.transformer import attention_mask, parameter_count, rotary, transformer_lm
+from tasks import sample
+from tasks.lm import LanguageModel
+from tests.support.paths import ROOT
+
+CHARS = ["\n", " ", "a", "b", "é", "€", "😀"]  # UTF-8 lengths 1, 1, 1, 1, 2, 3, 4
+
+
+def _model(positions="learned", context=8, vocab=7):
+    keras.utils.set_random_seed(0)
+    return transformer_lm(vocab, layers=2, heads=2, width=8, context=context, positions=positions)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_model_is_causal(positions):
+    model = _model(positions)
+    ids = np.random.default_rng(0).integers(0, 7, (2, 8)).astype(np.int32)
+    changed = ids.copy()
+    changed[:, 4] = (changed[:, 4] + 1) % 7
+    before, after = model(ids).numpy(), model(changed).numpy()
+    np.testing.assert_array_equal(before[:, :4], after[:, :4])
+    assert np.abs(before[:, 4:] - after[:, 4:]).min(axis=-1).max() > 0  # a later position does see it
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_padding_does_not_change_real_positions(positions):
+    model = _model(positions)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 7, (2, 8)).astype(np.int32)
+    lengths = np.array([5, 3], np.int32)
+    noisy = ids.copy()
+    noisy[0, 5:], noisy[1, 3:] = rng.integers(0, 7, 3), rng.integers(0, 7, 5)
+    before, after = model((ids, lengths)).numpy(), model((noisy, lengths)).numpy()
+    np.testing.assert_array_equal(before[0, :5], after[0, :5])
+    np.testing.assert_array_equal(before[1, :3], after[1, :3])
+    # Causality alone hides padding at the end from real positions; the lengths also hide a padding key from a
+    # later padding query: changing token 6 of row 0 (length 5) leaves position 7 alone only with the lengths.
+    moved = ids.copy()
+    moved[0, 6] = (moved[0, 6] + 1) % 7
+    np.testing.assert_array_equal(model((ids, lengths)).numpy()[0, 7], model((moved, lengths)).numpy()[0, 7])
+    assert not np.array_equal(model(ids).numpy()[0, 7], model(moved).numpy()[0, 7])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_positions_are_seen(positions):
+    """One causal attention layer alone is blind to the order of what it sees (two layers are not: causality
+    tells them apart): swapping the first two tokens would leave the last position's logits as they were. The
+    positions (learned, or rotary inside attention) must move them."""
+    keras.utils.set_random_seed(0)
+    model = transformer_lm(7, layers=1, heads=2, width=8, context=8, positions=positions)
+    ids, swapped = np.array([[1, 2, 3]], np.int32), np.array([[2, 1, 3]], np.int32)
+    assert np.abs(model(ids).numpy()[0, 2] - model(swapped).numpy()[0, 2]).max() > 1e-4
+
+
+@pytest.mark.quick
+def test_rotary_scores_depend_on_the_offset_only():
+    rng = np.random.default_rng(4)
+    q, k = (np.repeat(rng.normal(size=(1, 1, 1, 8)), 6, axis=2).astype(np.float32) for _ in range(2))
+    rq, rk = rotary(q).numpy()[0, 0], rotary(k).numpy()[0, 0]  # the same vectors at positions 0..5
+    np.testing.assert_allclose(rq[3] @ rk[1], rq[5] @ rk[3], rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(rq, axis=-1), np.linalg.norm(q[0, 0], axis=-1), rtol=1e-5)
+    assert abs(rq[3] @ rk[1] - rq[3] @ rk[2]) > 1e-3
+    np.testing.assert_array_equal(rq[0], q[0, 0, 0])  # position 0 is not turned
+
+
+@pytest.mark.quick
+def test_attention_mask_exact():
+    mask = attention_mask(4, np.array([3, 1], np.int32))
+    causal = np.tril(np.ones((4, 4), bool))
+    np.testing.assert_array_equal(mask.numpy()[:, 0], [causal & [1, 1, 1, 0], causal & [1, 0, 0, 0]])
+    np.testing.assert_array_equal(attention_mask(4).numpy()[0, 0], causal)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_any_length_up_to_context(positions):
+    model = _model(positions)
+    ids = np.random.default_rng(2).integers(0, 7, (3, 8)).astype(np.int32)
+    full = model(ids).numpy()
+    call = tf.function(lambda x: model(x), input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    for length in (1, 3, 8):
+        np.testing.assert_allclose(call(ids[:, :length]).numpy(), full[:, :length], rtol=1e-5, atol=1e-6)
+    assert call(ids[:, :5]).shape == (3, 5, 7) and call(ids).dtype == tf.float32
+    with pytest.raises(ModelError, match="9 tokens exceed the context"):
+        model(np.zeros((1, 9), np.int32))
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "vocab, layers, heads, width, context, positions",
+    [(7, 2, 2, 8, 8, "learned"), (65, 4, 4, 128, 64, "learned"), (256, 3, 2, 16, 32, "rotary")],
+)
+def test_parameter_count(vocab, layers, heads, width, context, positions):
+    model = transformer_lm(vocab, layers, heads, width, context, positions)
+    assert model.count_params() == parameter_count(vocab, layers, width, context, positions)
+
+
+@pytest.mark.quick
+def test_parameter_count_of_the_default_model():
+    # V*W + C*W + L*(12 W^2 + 13 W) + 2W + W*V for V=65, W=128, C=64, L=4: nanoGPT's layout, untied head.
+    assert parameter_count(65, 4, 128, 64, "learned") == 65 * 128 * 2 + 64 * 128 + 4 * (12 * 128**2 + 13 * 128) + 256
+
+
+@pytest.mark.quick
+def test_mixed_precision_logits_are_float32():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _model("rotary")
+        assert model.blocks[0].attention.query.compute_dtype == "float16"
+        assert model(np.zeros((2, 4), np.int32)).dtype == tf.float32
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("bad", [{"heads": 3}, {"positions": "sinusoid"}, {"layers": 0}, {"dropout": 1.0}])
+def test_bad_sizes_are_one_line(bad):
+    sizes = {"vocab_size": 7, "layers": 1, "heads": 2, "width": 8, "context": 4, **bad}
+    with pytest.raises(ModelError, match="transformer_lm: "):
+        transformer_lm(**sizes)
+
+
+# The task.
+
+
+def _config(tmp_path, chars=CHARS, tokens="char", context=8, **task):
+    """A run config with what the task reads (its arguments in `task.option_dict`), over a vocab.json written next
+    to a train file."""
+    (tmp_path / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    vocab = {"tokens": tokens, "context": context, "source_sha256": "ab" * 32}
+    if tokens == "char":
+        vocab["chars"] = chars
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    options = dict(layers=1, heads=2, width=8, context=context, positions="learned", dropout=0.0) | task
+    return types.SimpleNamespace(
+        task=types.SimpleNamespace(option_dict=options),  # the task's own arguments (tasks.lm_options)
+        data=types.SimpleNamespace(train_data=str(tmp_path / "train-*")),
+        seed=0,
+    )
+
+
+def _batch():
+    tokens = np.array([[2, 4, 5, 6, 1], [3, 6, 0, 0, 0], [4, 4, 4, 4, 0]], np.int32)
+    return {"tokens": tf.constant(tokens), "tokens_length": tf.constant([5, 2, 4], np.int32)}
+
+
+def _reference(logits, batch):
+    """numpy (float64): per-token cross-entropy, weights, bits and bytes and hits over real targets."""
+    tokens, lengths = batch["tokens"].numpy(), batch["tokens_length"].numpy()
+    targets = tokens[:, 1:]
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    losses = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    weights = (np.arange(targets.shape[1])[None] < (lengths - 1)[:, None]).astype(np.float32)
+    nbytes = np.array([len(c.encode()) for c in CHARS])[targets]
+    hits = logits.argmax(axis=-1) == targets
+    return losses, weights, (losses * weights).sum() / math.log(2), (nbytes * weights).sum(), (hits * weights).sum()
+
+
+@pytest.mark.quick
+def test_loss_and_metrics_match_numpy(tmp_path):
+    task = LanguageModel(_config(tmp_path))
+    batch = _batch()
+    inputs, lengths = task.model_inputs(batch)
+    assert inputs.shape == (3, 4) and lengths.numpy().tolist() == [4, 1, 3]
+    logits = np.random.default_rng(3).normal(size=(3, 4, 7)).astype(np.float32) * 3
+    losses, weights = task.loss(tf.constant(logits), batch)
+    ref_losses, ref_weights, bits, nbytes, hits = _reference(logits, batch)
+    np.testing.assert_array_equal(weights.numpy(), ref_weights)
+    np.testing.assert_array_equal(ref_weights, [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    np.testing.assert_allclose(losses.numpy(), ref_losses, rtol=2e-7, atol=2e-7)
+    metrics = {k: (float(s), float(c)) for k, (s, c) in task.metrics(tf.constant(logits), batch).items()}
+    np.testing.assert_allclose(metrics["bits_per_byte"][0], bits, rtol=1e-6)
+    # Targets 4 5 6 1 | 6 | 4 4 4 are é € 😀 ' ' | 😀 | é é é: 2+3+4+1 + 4 + 2+2+2 bytes.
+    assert metrics["bits_per_byte"][1] == nbytes == 20
+    assert metrics["accuracy"] == (hits, 8.0)
+    assert task.eval_metrics({"loss": 2.0}) == {"perplexity": math.exp(2.0)}
+
+
+@pytest.mark.quick
+def test_metrics_trace_in_several_functions(tmp_path):
+    """The engine traces the metrics once per graph (train, eval, every bucket's shape): nothing a trace makes
+    may be kept for the next one."""
+    task = LanguageModel(_config(tmp_path))
+    logits = tf.zeros((3, 4, 7))
+    first = tf.function(lambda x, b: task.metrics(x, b))(logits, _batch())
+    second = tf.function(lambda x, b: task.metrics(x, b))(logits, _batch())
+    assert float(first["bits_per_byte"][1]) == float(second["bits_per_byte"][1]) == 20.0
+
+
+@pytest.mark.quick
+def test_byte_tokens_count_one_byte_each(tmp_path):
+    task = LanguageModel(_config(tmp_path, tokens="byte"))
+    logits = tf.zeros((3, 4, 256))
+    bits, nbytes = task.metrics(logits, _batch())["bits_per_byte"]
+    assert float(nbytes) == 8.0
+    np.testing.assert_allclose(float(bits) / float(nbytes), 8.0, rtol=1e-6)  # uniform over 256: 8 bits a byte
+    assert task.describe() == {
+        "source_sha256": "ab" * 32,
+        "tokens": "byte",
+        "vocab_size": 256,
+        "vocab": None,
+        "context": 8,
+    }
+
+
+@pytest.mark.quick
+def test_features_preprocess_and_describe(tmp_path):
+    task = LanguageModel(_config(tmp_path, context=6))
+    feature = task.features()["tokens"]
+    assert (feature.dtype, feature.max_length, feature.buckets) == ("int64", 7, (7,))
+    assert feature.bounds == (0, 7)  # the vocabulary: an id past it is named in the pipeline, not the embedding
+    out = task.preprocess({"tokens": tf.constant([1, 2, 3], tf.int64)}, tf.constant([0, 0]), training=True)
+    assert out["tokens"].dtype == tf.int32 and out["tokens"].numpy().tolist() == [1, 2, 3]
+    assert task.describe() == {
+        "source_sha256": "ab" * 32,
+        "tokens": "char",
+        "vocab_size": 7,
+        "vocab": CHARS,
+        "context": 6,
+    }
+    assert task.build_model().count_params() == parameter_count(7, 1, 8, 6, "learned")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: os.remove(d / "vocab.json"), "vocab.json: No such file"),
+        (lambda d: (d / "vocab.json").write_text("{"), "vocab.json is not JSON"),
+        (lambda d: (d / "vocab.json").write_text('{"tokens": "word", "context": 8}'), "lacks a valid"),
+        (lambda d: (d / "vocab.json").write_text('{"tokens": "byte", "context": 9}'), "context 9, longer"),
+    ],
+)
+def test_bad_vocab_is_one_line_naming_the_file(tmp_path, damage, message):
+    task = LanguageModel(_config(tmp_path))
+    damage(tmp_path)
+    with pytest.raises(DataError, match=message) as info:
+        task.vocab_size  # noqa: B018
+    assert str(tmp_path / "vocab.json") in str(info.value) and "\n" not in str(info.value)
+
+
+# Serving and the sampler.
+
+
+def _export_run(run_dir, task, model, step=12):
+    """What the engine leaves: export/<step>/ with the task's signatures, run.json with describe() as `task.*`."""
+    module = tf.Module()
+    module.model = model
+    signatures = {
+        name: tf.function(fn, input_signature=specs).get_concrete_function()
+        for name, (fn, specs) in task.serving(model).items()
+    }
+    tf.saved_model.save(module, str(run_dir / "export" / str(step)), signatures=signatures)
+    facts = {f"task.{key}": value for key, value in task.describe().items()}  # as rundir.check_resume writes them
+    (run_dir / "run.json").write_text(json.dumps({"seed": 0, **facts}))
+
+
+@pytest.fixture(scope="module")
+def exported_run(tmp_path_factory):
+    data_dir, run_dir = tmp_path_factory.mktemp("data"), tmp_path_factory.mktemp("run")
+    task = LanguageModel(_config(data_dir, chars=list("\n abcdefgh"), context=6))
+    keras.utils.set_random_seed(0)
+    model = task.build_model()
+    _export_run(run_dir, task, model)
+    return run_dir, model
+
+
+def test_served_logits_are_the_models(exported_run):
+    run_dir, model = exported_run
+    loaded = tf.saved_model.load(str(run_dir / "export" / "12"))
+    ids = tf.constant([[1, 2, 3, 4], [5, 6, 0, 0]], tf.int32)
+    lengths = tf.constant([4, 2], tf.int32)
+    full = loaded.signatures["serving_default"](tokens=ids)["logits"].numpy()
+    np.testing.assert_allclose(full, model(ids).numpy(), rtol=1e-6, atol=1e-6)
+    last = loaded.signatures["next_token"](tokens=ids, lengths=lengths)["logits"].numpy()
+    np.testing.assert_allclose(last, model((ids, lengths)).numpy()[[0, 1], [3, 1]], rtol=1e-6, atol=1e-6)
+
+
+def _sample(run_dir, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    command = [sys.executable, "-m", "tasks.sample", str(run_dir), "--tokens=30", *args]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_sampler_is_seeded(exported_run):
+    run_dir, _ = exported_run
+    first, again, other = (_sample(run_dir, "--prompt=ab", f"--seed={s}") for s in (1, 1, 2))
+    assert [r.returncode for r in (first, again, other)] == [0, 0, 0], first.stderr
+    assert first.stdout == again.stdout and first.stdout != other.stdout
+    assert first.stdout.startswith("ab") and len(first.stdout) == 2 + 30 + 1  # prompt, tokens, newline
+    assert set(first.stdout[:-1]) <= set("\n abcdefgh")
+
+
+@pytest.mark.quick
+def test_sampler_top_k_one_is_greedy(exported_run):
+    run_dir, model = exported_run
+    task = sample.read_vocabulary(str(run_dir))
+    loaded = tf.saved_model.load(sample.newest_export(str(run_dir)))
+    ids = sample.sample(loaded.signatures["next_token"], [3, 4], 8, task["context"], 5, 1.0, top_k=1)
+    greedy = [3, 4]
+    for _ in range(8):
+        window = np.array([greedy[-6:]], np.int32)
+        greedy.append(int(model(window).numpy()[0, -1].argmax()))
+    assert ids == greedy
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no_dir", "does not exist"),
+        ("no_export", "has no export/<step>/ SavedModel"),
+        ("no_task", "no task.tokens, task.vocab and task.context"),
+        ("bad_prompt", "--prompt has characters the vocabulary lacks: 'z'"),
+    ],
+)
+def test_sampler_bad_run_dir_is_one_line(tmp_path, capsys, exported_run, case, message):
+    run_dir = {"no_dir": tmp_path / "absent", "bad_prompt": exported_run[0]}.get(case, tmp_path)
+    if case == "no_task":
+        (tmp_path / "export" / "3").mkdir(parents=True)
+        (tmp_path / "run.json").write_text(json.dumps({"seed": 0}))
+    assert sample.main([str(run_dir), "--prompt=az"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err

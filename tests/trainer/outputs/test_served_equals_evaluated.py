@@ -1,0 +1,136 @@
+"""What the SavedModel serves is what the run evaluated (issue #20), for every --augment and --normalize value.
+
+Each case trains briefly on real image records (`python -m data.prepare synthetic`, 32x32x3, PNG or JPEG),
+then two fresh processes answer for the same eval files: the trainer's own eval pipeline and model (its flags
+from flags.txt, `trainer.loop.build.build`, the final checkpoint restored, `Evaluator.predictions`: the towers,
+split and graph that computed metrics.json's eval_accuracy), and a client that imports only TensorFlow and
+feeds the export the eval records' encoded images (`serving_default`), their decoded uint8 pixels
+(`predict_uint8`) and pixels / 255 (`predict_float`). Five runs cover each augmentation and each
+normalization (custom: per channel and one for all) at least once. The model is the mlp: the cnn's BatchNorm
+statistics are still far from the batches' after a few dozen steps, and its eval answers at chance. The JPEG
+records (smooth, photo-like class templates) survive crops and flips; under imagenet eval decodes only the
+crop of a JPEG (`decode_and_crop_jpeg`) while the client decodes it whole.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support.paths import ROOT
+from tests.support.runs import cpu_flags
+from tests.support.served import RESTORED_EVAL
+
+CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
+CASES = [  # (augment, normalize, image format)
+    ("none", "none", "png"),
+    ("flip", "imagenet", "jpeg"),
+    ("crop_flip", CUSTOM, "jpeg"),
+    ("imagenet", "imagenet", "jpeg"),
+    ("imagenet", "0.45,0.25", "jpeg"),
+]
+SIGNATURES = ("serving_default", "predict_uint8", "predict_float")
+
+# The trainer's eval, in a fresh process: the run's own flags, built and restored as a resume would be.
+_EVAL = (
+    RESTORED_EVAL
+    + r"""
+logits, labels = np.concatenate(outputs), np.concatenate([labels for _, labels in batches])
+print(json.dumps({"logits": logits.tolist(), "labels": labels.tolist()}))
+"""
+)
+
+# A client in a fresh process: only TensorFlow, the export and the eval files.
+_CLIENT = r"""
+import json, sys
+import tensorflow as tf
+
+serve = tf.saved_model.load(sys.argv[1]).signatures
+spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string), "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+files = sorted(tf.io.gfile.glob(sys.argv[2]))
+records = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files)]
+encoded = [r["image/encoded"] for r in records]
+images = tf.stack([tf.io.decode_image(e, channels=3, expand_animations=False) for e in encoded])
+inputs = {
+    "serving_default": {"image_bytes": tf.stack(encoded)},
+    "predict_uint8": {"images": images},
+    "predict_float": {"images": tf.cast(images, tf.float32) / 255.0},
+}
+report = {name: serve[name](**kwargs)["logits"].numpy().tolist() for name, kwargs in inputs.items()}
+report["labels"] = [int(r["image/class/label"]) for r in records]
+print(json.dumps(report))
+"""
+
+
+def _python(*args, timeout=300) -> str:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """format -> records directory: 32x32x3 synthetic images, 10 classes, 1000 train and 200 eval examples."""
+    base = tmp_path_factory.mktemp("served")
+    made = {}
+    for image_format in ("png", "jpeg"):
+        out = base / image_format
+        flags = ("--shape=32,32,3", "--num_classes=10", "--num_examples=1000", "--eval_examples=200")
+        _python("-m", "data.prepare", "synthetic", str(out), *flags, f"--format={image_format}", "--num_shards=2")
+        made[image_format] = out
+    return made
+
+
+@pytest.mark.parametrize(("augment", "normalize", "image_format"), CASES)
+def test_export_serves_what_eval_evaluated(records, tmp_path, augment, normalize, image_format):
+    data_dir, run = records[image_format], tmp_path / "run"
+    eval_glob = str(data_dir / "eval-*")
+    flags = cpu_flags(
+        model="mlp",
+        train_data=data_dir / "train-*",
+        eval_data=eval_glob,
+        num_classes=10,
+        augment=augment,
+        normalize=normalize,
+        global_batch_size=32,
+        train_steps=40,
+        eval_every_steps=0,
+        log_every_steps=40,
+    )
+    _python("-m", "trainer", *flags, f"--model_dir={run}")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["augment"], metrics["normalize"]) == (augment, normalize)
+    evaluated = json.loads(_python("-c", _EVAL, str(run)).strip().splitlines()[-1])
+    labels, eval_logits = np.array(evaluated["labels"]), np.array(evaluated["logits"])
+    eval_classes = np.argmax(eval_logits, axis=-1)
+    assert len(labels) == metrics["eval_examples"] == 200
+    assert abs(np.mean(eval_classes == labels) - metrics["eval_accuracy"]) < 1e-9  # the same eval, recomputed
+    assert metrics["eval_accuracy"] > 0.3  # learned something (chance: 0.1), so the comparison means something
+
+    served = json.loads(_python("-c", _CLIENT, str(run / "export" / "40"), eval_glob).strip().splitlines()[-1])
+    assert served["labels"] == labels.tolist()  # the same examples in the same order
+    for name in SIGNATURES:
+        logits = np.array(served[name])
+        classes = np.argmax(logits, axis=-1)
+        # The same preprocessing and model: the logits too, up to the batch's arithmetic (eval splits it).
+        np.testing.assert_allclose(logits, eval_logits, rtol=1e-4, atol=1e-4, err_msg=name)
+        assert np.mean(classes == eval_classes) >= 0.999, name
+        assert abs(np.mean(classes == labels) - metrics["eval_accuracy"]) <= 1e-3, name
+    _check_contract(run / "export" / "40", augment, normalize)
+
+
+def _check_contract(export_dir, augment, normalize):
+    contract = json.loads((export_dir / "assets.extra" / "towerflow_serving.json").read_text())
+    preprocessing = contract["preprocessing"]
+    crops = augment == "imagenet"
+    assert (preprocessing["augment"], preprocessing["eval_crop"]) == (augment, crops)
+    assert preprocessing["steps"][: 3 if crops else 2] == ["eval_crop"] * crops + ["resize_bilinear", "scale_1/255"]
+    assert (preprocessing["normalize"] is None) == (normalize == "none")
+    for name in SIGNATURES:
+        (spec,) = contract["signatures"][name].values()
+        assert ("central 87.5% of each side" in spec["in_graph"]) == crops, name
+        assert ("normalized (x - mean) / std" in spec["in_graph"]) == (normalize != "none"), name
