@@ -90,11 +90,11 @@ def _train(plan: modes.Plan, tasks) -> int:
     from tasks import TaskError  # noqa: PLC0415
     from trainer.loop.run import train  # noqa: PLC0415
     from trainer.outputs.checkpoint import CheckpointMismatch  # noqa: PLC0415
-    from trainer.system import distributed  # noqa: PLC0415
+    from trainer.system import distributed, graphs  # noqa: PLC0415
 
     try:
         train(plan, cluster=tasks)
-    except (cfg.ConfigError, DataError, ModelError, TaskError, CheckpointMismatch) as e:
+    except (cfg.ConfigError, DataError, ModelError, TaskError, CheckpointMismatch, graphs.GraphCodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return stop.EXIT_USAGE
     except stop.StopRequested:

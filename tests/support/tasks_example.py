@@ -178,3 +178,13 @@ def token_examples(n: int, seed: int) -> list[dict]:
     lengths = rng.integers(2, 8, size=n)
     tokens = [rng.integers(1, VOCAB, size=length) for length in lengths]
     return [{"tokens": t, "y": [t.mean() / VOCAB]} for t in tokens]
+
+
+class Branching(Regression):
+    """Branches in Python on a tensor's value in its loss: refused in one line when the step traces."""
+
+    def loss(self, outputs, batch):
+        errors = outputs - batch["y"]
+        if tf.reduce_sum(errors) > 0:  # a tensor as a Python bool: tf.cond or tf.where in graph code
+            errors = -errors
+        return tf.square(errors), tf.ones_like(errors)

@@ -1,7 +1,7 @@
 """Bad input around a task, through `python -m trainer` subprocesses: each is exactly one `error:` line on
 stderr (naming the task, the feature and the file where there is one) and exit 2.
 
-Nine processes, three at a time: about 25 s on 2 cores.
+Twelve processes, three at a time: about 25 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -62,6 +62,12 @@ CASES = {
     "metric_names_differ": (
         ["--task=tests.support.tasks_example:Misnamed"],
         "task 'regression': metrics() returned ['mae'], but metric_names declares ['rmse'] (same names, same order)",
+    ),
+    "tensor_as_python_bool": (
+        ["--task=tests.support.tasks_example:Branching"],
+        f"Branching.loss in {ROOT}/tests/support/tasks_example.py: Using a symbolic tf.Tensor as a Python bool is "
+        "not allowed while the step traces; towerflow traces its graphs without autograph, as Keras fit does: "
+        "write control flow on a tensor's value as an op (tf.cond, keras.ops.cond, tf.where)",
     ),
     "lm_heads": (["--task=lm", "--lm_heads=3", "--lm_width=128"], "--lm_heads (3) must divide --lm_width (128)"),
     "task_args_without_equals": (

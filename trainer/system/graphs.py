@@ -8,18 +8,57 @@ most of a start's tracing: 4.5 of the 7.5 CPU-seconds a 2-step run spent after i
 functions converted, at every start and every requeue). The graphs are the same, and so are the bits.
 
 A model's and a task's code called from the step runs unconverted too, as under Keras `fit`: control flow
-that depends on a tensor's value is written with `tf.cond` / `keras.ops.cond` (docs/tasks.md).
+that depends on a tensor's value is written with `tf.cond` / `keras.ops.cond` (docs/tasks.md). Python code
+that branches on a tensor anyway ends the run with one line naming its function and file (`GraphCodeError`),
+not TensorFlow's advice to decorate it with `@tf.function`.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import traceback
 from collections.abc import Callable
 
 import tensorflow as tf
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Where a frame is not the user's: Python's own modules, TensorFlow, Keras and towerflow's packages.
+_NOT_THEIRS = tuple(
+    os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (os, tf, __import__("keras"))
+) + tuple(os.path.join(_ROOT, package) + os.sep for package in ("trainer", "data", "models", "tasks", "launch"))
+
+
+class GraphCodeError(ValueError):
+    """Code run while a graph traces used a tensor's value as a Python value (a bool, an iteration)."""
 
 
 def function(fn: Callable | None = None, **options) -> Callable:
     """`tf.function(fn, autograph=False, **options)`; also a decorator, bare or with options."""
     if fn is None:
-        return lambda f: tf.function(f, autograph=False, **options)
-    return tf.function(fn, autograph=False, **options)
+        return lambda f: function(f, **options)
+    return tf.function(_explained(fn), autograph=False, **options)
+
+
+def _explained(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except tf.errors.OperatorNotAllowedInGraphError as e:
+            raise GraphCodeError(explain(e)) from e
+
+    return traced
+
+
+def explain(error: tf.errors.OperatorNotAllowedInGraphError) -> str:
+    """One line: where (the innermost frame outside TensorFlow, Keras and the engine: a task's or a model's
+    code), what TensorFlow refused, and how to write it instead."""
+    codes = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)]
+    theirs = [code for code in codes if not os.path.abspath(code.co_filename).startswith(_NOT_THEIRS)]
+    where = f"{theirs[-1].co_qualname} in {theirs[-1].co_filename}" if theirs else "the model's or task's code"
+    refused = str(error).split(". ")[0].replace("`", "").rstrip(".")
+    return (
+        f"{where}: {refused} while the step traces; towerflow traces its graphs without autograph, as Keras fit "
+        "does: write control flow on a tensor's value as an op (tf.cond, keras.ops.cond, tf.where)"
+    )
