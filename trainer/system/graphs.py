@@ -20,13 +20,14 @@ import os
 import traceback
 from collections.abc import Callable
 
+import keras
 import tensorflow as tf
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Where a frame is not the user's: Python's own modules, TensorFlow, Keras and towerflow's packages.
-_NOT_THEIRS = tuple(
-    os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (os, tf, __import__("keras"))
-) + tuple(os.path.join(_ROOT, package) + os.sep for package in ("trainer", "data", "models", "tasks", "launch"))
+_NOT_THEIRS = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (os, tf, keras)) + tuple(
+    os.path.join(_ROOT, package) + os.sep for package in ("trainer", "data", "models", "tasks", "launch")
+)
 
 
 class GraphCodeError(ValueError):
