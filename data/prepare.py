@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "text":
             _check_text(args)
-        with native_log.quiet_first_import(native_log.QUIET_LEVEL):  # as `python -m trainer` keeps it quiet
-            import tensorflow  # noqa: F401, PLC0415 (after the checks: a bad argument fails in milliseconds)
+        if args.command != "text":  # text imports it once a subword model is trained (data.text_records)
+            with native_log.quiet_first_import(native_log.QUIET_LEVEL):  # as `python -m trainer` keeps it quiet
+                import tensorflow  # noqa: F401, PLC0415 (after the checks: a bad argument fails in milliseconds)
         if args.command == "digits":
             from data import digits
 

@@ -122,7 +122,12 @@ class Shards:
     """
 
     def __init__(self, prefix: str, expected: int | None, num_shards: int):
-        import tensorflow as tf  # only once the arguments and the text are known to be good
+        from data import native_log
+
+        # Only once the arguments and the text are known to be good, and a subword model trained (TensorFlow
+        # holds ~630 MB resident); its start-up lines hidden as `python -m trainer` hides them.
+        with native_log.quiet_first_import(native_log.QUIET_LEVEL):
+            import tensorflow as tf
 
         self.tf, self.prefix, self.expected, self.num_shards = tf, prefix, expected, num_shards
         self.count, self.shard, self.writer = 0, -1, None

@@ -54,7 +54,7 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
     chars = sorted(scanned.charset) if tokens == "char" else None
     info = {"tokens": tokens, **({"chars": chars} if chars is not None else {})}
     if tokens == "subword":
-        model = _train_subword(paths, cut, options)
+        model = subword.train_apart(paths, cut, options["vocab_size"], options["subword_model"])
         name = subword.MODEL_FILE
         with open(os.path.join(building, name), "wb") as f:
             f.write(model)
@@ -86,13 +86,6 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
 def _windows(tokens: int, context: int) -> int:
     """Records of a split of `tokens` ids cut in windows (documents "none"): starts 0, context, ... < tokens - 1."""
     return -(-(tokens - 1) // context) if tokens >= 2 else 0
-
-
-def _train_subword(paths, cut, options) -> bytes:
-    every = subword.sample_every(cut)
-    pieces = text_stream.split_pieces(paths, "subword", cut, subword.SAMPLE_PIECE_BYTES)
-    sample = (units for i, (split, units, _) in enumerate(pieces) if split == "train" and i % every == 0)
-    return subword.train(subword.sentences(sample), options["vocab_size"], options["subword_model"])
 
 
 def _byte_ids(units: bytes) -> np.ndarray:
