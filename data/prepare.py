@@ -152,6 +152,13 @@ def _write_synthetic(args: argparse.Namespace) -> tuple[str, str]:
     return os.path.join(args.out_dir, patterns["train"]), os.path.join(args.out_dir, patterns["eval"])
 
 
+def _write_text(args: argparse.Namespace) -> tuple[str, str]:
+    from data import text
+
+    options = (args.tokens, args.context, args.eval_fraction, args.documents, args.vocab_size, args.subword_model)
+    return text.write_text_records(args.files, args.out_dir, *options)[:2]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line.
 
@@ -176,18 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
             train_glob, eval_glob = digits.write_digits(args.out_dir)
         elif args.command == "text":
-            from data import text
-
-            train_glob, eval_glob, _ = text.write_text_records(
-                args.files,
-                args.out_dir,
-                args.tokens,
-                args.context,
-                args.eval_fraction,
-                args.documents,
-                args.vocab_size,
-                args.subword_model,
-            )
+            train_glob, eval_glob = _write_text(args)
         else:
             train_glob, eval_glob = _write_synthetic(args)
     except DataError as e:

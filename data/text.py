@@ -1,8 +1,10 @@
 """Text -> token records for the language model (`tasks.lm`), and the default corpus.
 
 The text (files concatenated, UTF-8) is split nanoGPT's way: the first (1 - eval_fraction) of it is train and
-the rest eval, counted in characters (`char` tokens) or bytes (`byte` tokens). Tokens: `byte` is the UTF-8
-bytes (vocabulary 256); `char` is the sorted set of the whole text's characters (nanoGPT's 65 for Shakespeare).
+the rest eval, counted in characters (`char` tokens) or bytes (`byte` and `subword` tokens; for subword the
+cut moves forward to a character's first byte). Tokens: `byte` is the UTF-8 bytes (vocabulary 256); `char` is
+the sorted set of the whole text's characters (nanoGPT's 65 for Shakespeare); `subword` the ids of a
+SentencePiece model (BPE or unigram, `vocab_size` ids) trained on the train split (data/subword.py).
 Each record holds one int64 list `tokens`:
 
 - documents "none": consecutive windows of context + 1 tokens with stride context, so every token but a
@@ -12,8 +14,10 @@ Each record holds one int64 list `tokens`:
   context + 1 cut into windows the same way; a paragraph of one token (nothing to predict) is dropped.
 
 OUT holds train-0000i-of-0000N.tfrecord (up to TRAIN_SHARDS files, records dealt contiguously),
-eval-00000-of-00001.tfrecord and vocab.json (`write_text_records`, below). The default corpus is Python's own
-`pydoc_data/topics.py` (~465 K characters of documentation prose), present wherever Python is.
+eval-00000-of-00001.tfrecord, vocab.json (`write_text_records`, below) and, for subword tokens, the model
+(subword.model). The files are streamed (data/text_write.py): memory stays bounded whatever their size. The
+default corpus is Python's own `pydoc_data/topics.py` (~465 K characters of documentation prose), present
+wherever Python is.
 """
 
 from __future__ import annotations
