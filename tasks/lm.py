@@ -84,8 +84,8 @@ class LanguageModel(Task):
 
     @property
     def vocab_size(self) -> int:
-        sizes = {"char": len(self.vocab.get("chars") or ()), "byte": 256}
-        return sizes.get(self.vocab["tokens"], self.vocab["vocab_size"])
+        tokens = self.vocab["tokens"]
+        return len(self.vocab["chars"]) if tokens == "char" else 256 if tokens == "byte" else self.vocab["vocab_size"]
 
     # --- model and objective ---------------------------------------------------------------------------------
 

@@ -76,7 +76,8 @@ def read_vocabulary(run_dir: str) -> dict:
         ok = isinstance(task.get("subword_model"), str)
     if not ok:
         raise SampleError(
-            f"{path} has no task.tokens, task.vocab (or task.subword_model) and task.context: not a --task=lm run"
+            f"{path} has no task.tokens, task.vocab and task.context (task.subword_model for subword tokens): "
+            "not a --task=lm run"
         )
     if task["tokens"] == "subword":
         task["processor"] = _subword_processor(task["subword_model"], path)
