@@ -34,8 +34,7 @@ def _digest(directory) -> str:
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
-@pytest.mark.quick
-@pytest.mark.parametrize("piece_bytes", [text_stream.PIECE_BYTES, 97])
+@pytest.mark.parametrize("piece_bytes", [pytest.param(text_stream.PIECE_BYTES, marks=pytest.mark.quick), 97])
 @pytest.mark.parametrize("tokens, documents, context", sorted(BEFORE))
 def test_streamed_records_are_those_written_before(tmp_path, monkeypatch, tokens, documents, context, piece_bytes):
     """Pieces of 97 bytes cut lines, blank lines and UTF-8 characters' neighbours across pieces."""
