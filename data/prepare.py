@@ -5,6 +5,7 @@
     python -m data.prepare synthetic /tmp/dense --shape=20 --num_classes=4 --num_examples=1000
     python -m data.prepare synthetic /tmp/jpeg --format=jpeg --shape=375,500,3 --num_classes=1000 --num_examples=512
     python -m data.prepare text input.txt /tmp/shakespeare --context=256   # --tokens=byte, the default
+    python -m data.prepare text input.txt /tmp/sp8k --tokens=subword --vocab_size=8000 --context=256
 
 Each writes OUT_DIR/train-*-of-*, OUT_DIR/eval-*-of-* and OUT_DIR/info.json (counts, shape, num_classes,
 schema kind; `text` writes vocab.json instead, see data/text.py), and prints the two globs to pass as
@@ -64,23 +65,39 @@ def _parser() -> argparse.ArgumentParser:
     text.add_argument("out_dir", metavar="OUT")
     text.add_argument(
         "--tokens",
-        choices=("byte", "char"),
+        choices=("byte", "char", "subword"),
         default="byte",
         help="byte (default): the text's UTF-8 bytes, a fixed vocabulary of 256 that holds any text; char: one "
-        "token per character the text holds (a vocabulary of its own, shorter sequences for non-ASCII text)",
+        "token per character the text holds (a vocabulary of its own, shorter sequences for non-ASCII text); "
+        "subword: a SentencePiece model of --vocab_size tokens trained on the train split (data/subword.py)",
     )
     text.add_argument("--context", type=int, default=64, help="tokens the model sees; records hold up to +1")
     text.add_argument("--eval_fraction", type=float, default=0.1, help="the text's last share, held out")
     text.add_argument("--documents", choices=("none", "paragraphs"), default="none")
+    text.add_argument("--vocab_size", type=int, default=None, help="subword tokens: the vocabulary's size")
+    text.add_argument(
+        "--subword_model", choices=("bpe", "unigram"), default=None, help="subword tokens: the algorithm (bpe)"
+    )
     return parser
 
 
 def _check_text(args: argparse.Namespace) -> None:
     """Rejects bad values with one line (DataError), before TensorFlow is imported."""
+    from data import subword
+
     if args.context < 1:
         raise DataError(f"--context ({args.context}) must be >= 1")
     if not 0.0 < args.eval_fraction < 1.0:
         raise DataError(f"--eval_fraction ({args.eval_fraction}) must be in (0, 1)")
+    if args.tokens != "subword":
+        given = [f"--{name}" for name in ("vocab_size", "subword_model") if getattr(args, name) is not None]
+        if given:
+            raise DataError(f"{' and '.join(given)} is for --tokens=subword, not --tokens={args.tokens}")
+    elif args.vocab_size is None:
+        raise DataError("--tokens=subword needs --vocab_size (e.g. 8000)")
+    elif not subword.MIN_VOCAB <= args.vocab_size <= subword.MAX_VOCAB:
+        raise DataError(f"--vocab_size ({args.vocab_size}) must be in [{subword.MIN_VOCAB}, {subword.MAX_VOCAB}]")
+    args.subword_model = args.subword_model or "bpe"
     for path in args.files:
         if not os.path.isfile(path):
             raise DataError(f"text file {path} does not exist; give UTF-8 text files before OUT")
@@ -135,6 +152,13 @@ def _write_synthetic(args: argparse.Namespace) -> tuple[str, str]:
     return os.path.join(args.out_dir, patterns["train"]), os.path.join(args.out_dir, patterns["eval"])
 
 
+def _write_text(args: argparse.Namespace) -> tuple[str, str]:
+    from data import text
+
+    options = (args.tokens, args.context, args.eval_fraction, args.documents, args.vocab_size, args.subword_model)
+    return text.write_text_records(args.files, args.out_dir, *options)[:2]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line.
 
@@ -151,18 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "text":
             _check_text(args)
-        with native_log.quiet_first_import(native_log.QUIET_LEVEL):  # as `python -m trainer` keeps it quiet
-            import tensorflow  # noqa: F401, PLC0415 (after the checks: a bad argument fails in milliseconds)
+        if args.command != "text":  # text imports it once a subword model is trained (data.text_records)
+            with native_log.quiet_first_import(native_log.QUIET_LEVEL):  # as `python -m trainer` keeps it quiet
+                import tensorflow  # noqa: F401, PLC0415 (after the checks: a bad argument fails in milliseconds)
         if args.command == "digits":
             from data import digits
 
             train_glob, eval_glob = digits.write_digits(args.out_dir)
         elif args.command == "text":
-            from data import text
-
-            train_glob, eval_glob, _ = text.write_text_records(
-                args.files, args.out_dir, args.tokens, args.context, args.eval_fraction, args.documents
-            )
+            train_glob, eval_glob = _write_text(args)
         else:
             train_glob, eval_glob = _write_synthetic(args)
     except DataError as e:

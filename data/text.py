@@ -1,8 +1,10 @@
 """Text -> token records for the language model (`tasks.lm`), and the default corpus.
 
 The text (files concatenated, UTF-8) is split nanoGPT's way: the first (1 - eval_fraction) of it is train and
-the rest eval, counted in characters (`char` tokens) or bytes (`byte` tokens). Tokens: `byte` is the UTF-8
-bytes (vocabulary 256); `char` is the sorted set of the whole text's characters (nanoGPT's 65 for Shakespeare).
+the rest eval, counted in characters (`char` tokens) or bytes (`byte` and `subword` tokens; for subword the
+cut moves forward to a character's first byte). Tokens: `byte` is the UTF-8 bytes (vocabulary 256); `char` is
+the sorted set of the whole text's characters (nanoGPT's 65 for Shakespeare); `subword` the ids of a
+SentencePiece model (BPE or unigram, `vocab_size` ids) trained on the train split (data/subword.py).
 Each record holds one int64 list `tokens`:
 
 - documents "none": consecutive windows of context + 1 tokens with stride context, so every token but a
@@ -12,8 +14,10 @@ Each record holds one int64 list `tokens`:
   context + 1 cut into windows the same way; a paragraph of one token (nothing to predict) is dropped.
 
 OUT holds train-0000i-of-0000N.tfrecord (up to TRAIN_SHARDS files, records dealt contiguously),
-eval-00000-of-00001.tfrecord and vocab.json (`write_text_records`, below). The default corpus is Python's own
-`pydoc_data/topics.py` (~465 K characters of documentation prose), present wherever Python is.
+eval-00000-of-00001.tfrecord, vocab.json (`write_text_records`, below) and, for subword tokens, the model
+(subword.model). The files are streamed (data/text_write.py): memory stays bounded whatever their size. The
+default corpus is Python's own `pydoc_data/topics.py` (~465 K characters of documentation prose), present
+wherever Python is.
 """
 
 from __future__ import annotations
@@ -22,177 +26,126 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 
 from data.schema import DataError
 
-TOKENS = ("char", "byte")
+TOKENS = ("char", "byte", "subword")
 DOCUMENTS = ("none", "paragraphs")
 TRAIN_SHARDS = 4
 VOCAB_FILE = "vocab.json"
 TOKENS_KEY = "tokens"
 CACHE_VERSION = "v1"  # bump when the records written for the same text and settings change
-_BLANK_LINE = r"\n(?:[ \t\r\f\v]*\n)+"  # one or more empty (or whitespace-only) lines between paragraphs
-
-
-def read_text(paths: list[str]) -> str:
-    """The files' text, concatenated in the order given.
-
-    Raises:
-        DataError: For a file that is missing or not UTF-8.
-    """
-    parts = []
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                parts.append(f.read().decode("utf-8"))
-        except OSError as e:
-            raise DataError(f"cannot read text file {path}: {e.strerror}") from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"text file {path} is not UTF-8 (byte {e.start}); convert it to UTF-8") from None
-    return "".join(parts)
-
-
-def vocabulary(text: str, tokens: str) -> list[str] | None:
-    """The sorted characters of `text` for `char` tokens (a token is its index), None for `byte` tokens."""
-    return sorted(set(text)) if tokens == "char" else None
-
-
-def split_text(text: str, tokens: str, eval_fraction: float) -> tuple[str | bytes, str | bytes]:
-    """(train, eval): the text (char) or its UTF-8 bytes (byte) cut at int(n * (1 - eval_fraction))."""
-    units = text if tokens == "char" else text.encode("utf-8")
-    cut = int(len(units) * (1.0 - eval_fraction))
-    return units[:cut], units[cut:]
-
-
-def token_records(units: str | bytes, chars: list[str] | None, context: int, documents: str) -> list[list[int]]:
-    """One split's records: lists of 2..context+1 token ids (see the module docstring)."""
-    index = {c: i for i, c in enumerate(chars)} if chars is not None else None
-    pieces = [units] if documents == "none" else _paragraphs(units)
-    records = []
-    for piece in pieces:
-        ids = [index[c] for c in piece] if index is not None else list(piece)
-        records.extend(ids[start : start + context + 1] for start in range(0, len(ids) - 1, context))
-    return records
-
-
-def _paragraphs(units: str | bytes) -> list[str | bytes]:
-    pattern = _BLANK_LINE if isinstance(units, str) else _BLANK_LINE.encode()
-    return [piece for piece in re.split(pattern, units) if piece]
 
 
 def write_text_records(
-    paths: list[str], out_dir: str, tokens: str, context: int, eval_fraction: float = 0.1, documents: str = "none"
+    paths: list[str],
+    out_dir: str,
+    tokens: str,
+    context: int,
+    eval_fraction: float = 0.1,
+    documents: str = "none",
+    vocab_size: int | None = None,
+    subword_model: str = "bpe",
 ) -> tuple[str, str, str]:
-    """Writes the records of the files' text into out_dir (see the module docstring).
+    """Writes the records of the files' text into out_dir (see the module docstring), streaming: memory stays
+    bounded whatever the files' size (data/text_write.py).
 
     Args:
         paths: UTF-8 text files, concatenated in this order.
-        out_dir: Made if missing; files already there are overwritten.
-        tokens: "char" or "byte".
+        out_dir: Made if missing; files already there are overwritten. Nothing in it changes on an error.
+        tokens: "char", "byte" or "subword".
         context: Tokens the model sees; records hold up to context + 1 (the inputs and their targets).
         eval_fraction: The share of the text (at its end) held out for eval, in (0, 1).
         documents: "none" (windows over the whole split) or "paragraphs".
+        vocab_size: The subword vocabulary's size (subword tokens only).
+        subword_model: "bpe" or "unigram" (subword tokens only).
 
     Returns:
         (train_glob, eval_glob, vocab_path).
 
     Raises:
-        DataError: For an unreadable or non-UTF-8 file, or a split with fewer than 2 tokens.
+        DataError: For an unreadable or non-UTF-8 file, a split with fewer than 2 tokens, or a vocab_size the
+            text cannot fill or is too small for.
     """
-    text = read_text(paths)
-    return write_records(text, out_dir, tokens, context, eval_fraction, documents)
+    from data import text_stream, text_write
+
+    options = {
+        "train_shards": TRAIN_SHARDS,
+        "vocab_file": VOCAB_FILE,
+        "vocab_size": vocab_size,
+        "subword_model": subword_model,
+        "piece_bytes": text_stream.PIECE_BYTES,
+    }
+    info = text_write.write(paths, out_dir, tokens, context, eval_fraction, documents, options)
+    files = info["files"]
+    return (
+        os.path.join(out_dir, files["train"]),
+        os.path.join(out_dir, files["eval"]),
+        os.path.join(out_dir, VOCAB_FILE),
+    )
 
 
 def write_records(
     text: str, out_dir: str, tokens: str, context: int, eval_fraction: float, documents: str
 ) -> tuple[str, str, str]:
-    """`write_text_records` of a text already read; vocab.json is written last (it marks a complete dir)."""
-    chars = vocabulary(text, tokens)
-    splits = dict(zip(("train", "eval"), split_text(text, tokens, eval_fraction), strict=True))
-    records = {name: token_records(units, chars, context, documents) for name, units in splits.items()}
-    for name, units in splits.items():
-        if not records[name]:
-            raise DataError(
-                f"the {name} split has {len(units)} {tokens}s, no record of 2 tokens or more: give more text "
-                "or change --eval_fraction"
-            )
-    shards = {"train": min(TRAIN_SHARDS, len(records["train"])), "eval": 1}
-    os.makedirs(out_dir, exist_ok=True)
-    for name, split_records in records.items():
-        _write_shards(os.path.join(out_dir, name), split_records, shards[name])
-    info = {
-        "tokens": tokens,
-        **({"chars": chars} if chars is not None else {}),
-        "vocab_size": len(chars) if chars is not None else 256,
-        "source_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        "train_tokens": len(splits["train"]),
-        "eval_tokens": len(splits["eval"]),
-        "bytes": {name: len(_as_bytes(units)) for name, units in splits.items()},
-        "records": {name: len(split_records) for name, split_records in records.items()},
-        "context": context,
-        "documents": documents,
-        "eval_fraction": eval_fraction,
-        "files": {name: _pattern(name, count) for name, count in shards.items()},
-    }
-    vocab_path = os.path.join(out_dir, VOCAB_FILE)
-    with open(vocab_path, "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1, ensure_ascii=False)
-    return os.path.join(out_dir, info["files"]["train"]), os.path.join(out_dir, info["files"]["eval"]), vocab_path
-
-
-def _as_bytes(units: str | bytes) -> bytes:
-    return units.encode("utf-8") if isinstance(units, str) else units
+    """`write_text_records` of a text already in memory (the default corpus), through a temporary file."""
+    with tempfile.TemporaryDirectory(prefix="towerflow-text-") as scratch:
+        path = os.path.join(scratch, "text.txt")
+        with open(path, "wb") as f:
+            f.write(text.encode("utf-8"))
+        return write_text_records([path], out_dir, tokens, context, eval_fraction, documents)
 
 
 def _pattern(split: str, num_shards: int) -> str:
     return f"{split}-*-of-{num_shards:05d}.tfrecord"
 
 
-def _write_shards(prefix: str, records: list[list[int]], num_shards: int) -> None:
-    """Records dealt contiguously: shard i holds [i*N//S, (i+1)*N//S), so the shards in order are the text's."""
-    import tensorflow as tf  # only once the arguments and the text are known to be good
-
-    # Private until data/'s writer of a task's records lands (data.write_feature_records); then use that.
-    for shard in range(num_shards):
-        path = f"{prefix}-{shard:05d}-of-{num_shards:05d}.tfrecord"
-        begin, end = shard * len(records) // num_shards, (shard + 1) * len(records) // num_shards
-        with tf.io.TFRecordWriter(path) as writer:
-            for ids in records[begin:end]:
-                feature = {TOKENS_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=ids))}
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-
-
 def read_vocab(path: str) -> dict:
-    """vocab.json, checked: `tokens` char or byte, `chars` (char) a list of distinct characters, `context`.
+    """vocab.json, checked: `tokens` char, byte or subword, `chars` (char) a list of distinct characters,
+    `context`; for subword tokens the model file beside it (`model_file`, its `model_sha256` and `vocab_size`),
+    whose bytes are added as `model_proto`.
 
     Raises:
-        DataError: Naming the file, when it is missing, not JSON or lacks those keys.
+        DataError: Naming the file, when it is missing, not JSON or lacks those keys, or the subword model is
+            missing, changed or not a SentencePiece model.
     """
+    rewrite = "write the records with `python -m data.prepare text`"
     try:
         with open(path, encoding="utf-8") as f:
             info = json.load(f)
     except OSError as e:
-        raise DataError(
-            f"language-model vocabulary {path}: {e.strerror}; write the records with `python -m data.prepare text`"
-        ) from None
+        raise DataError(f"language-model vocabulary {path}: {e.strerror}; {rewrite}") from None
     except ValueError as e:
-        raise DataError(
-            f"language-model vocabulary {path} is not JSON ({e}); rewrite it with `python -m data.prepare text`"
-        ) from None
+        raise DataError(f"language-model vocabulary {path} is not JSON ({e}); re{rewrite[1:]}") from None
     chars = info.get("chars") if isinstance(info, dict) else None
     valid = isinstance(info, dict) and info.get("tokens") in TOKENS and isinstance(info.get("context"), int)
     if valid and info["tokens"] == "char":
         valid = isinstance(chars, list) and all(isinstance(c, str) and len(c) == 1 for c in chars)
         valid = valid and len(set(chars)) == len(chars) > 0
+    if valid and info["tokens"] == "subword":
+        fields = (info.get("model_file"), info.get("model_sha256"), info.get("vocab_size"))
+        valid = isinstance(fields[0], str) and isinstance(fields[1], str) and isinstance(fields[2], int)
+        valid = valid and os.path.basename(fields[0]) == fields[0]
     if not valid:
         raise DataError(
-            f"language-model vocabulary {path} lacks a valid 'tokens', 'chars' or 'context'; rewrite "
-            "it with `python -m data.prepare text`"
+            f"language-model vocabulary {path} lacks a valid 'tokens', 'chars', 'model_file' or 'context'; "
+            f"re{rewrite[1:]}"
         )
+    if info["tokens"] == "subword":
+        _read_subword(path, info)
     return info
+
+
+def _read_subword(path: str, info: dict) -> None:
+    from data import subword
+
+    model_path = os.path.join(os.path.dirname(path), info["model_file"])
+    info["model_proto"] = subword.read_model(model_path, info["model_sha256"])
+    size = subword.processor(info["model_proto"]).get_piece_size()
+    if size != info["vocab_size"]:
+        raise DataError(f"subword model {model_path} has {size} tokens, not {info['vocab_size']} as {path} says")
 
 
 def default_corpus() -> tuple[str, str]:

@@ -3,18 +3,21 @@
 Records hold one int64 list `tokens` of up to context + 1 ids (`python -m data.prepare text`, data/text.py);
 the model sees tokens[:-1] and predicts tokens[1:]. The loss is per target token (padding weighs 0), so the
 engine's division by the summed weights makes it the mean over the batch's real tokens. Metrics:
-`bits_per_byte` (the loss in bits over the UTF-8 bytes the targets stand for: comparable between char and
-byte tokens) and `accuracy` (next-token arg-max hits); eval adds `perplexity`.
+`bits_per_byte` (the loss in bits over the UTF-8 bytes the targets stand for: comparable between char, byte
+and subword tokens; a subword token stands for its piece's bytes, data.subword.token_bytes) and `accuracy`
+(next-token arg-max hits); eval adds `perplexity`.
 
 Its arguments are its own (`tasks.lm_options`, declared without TensorFlow; flags `--lm_layers` ...):
 `layers` (4), `heads` (4), `width` (128), `context` (64), `positions` ("learned"), `dropout` (0.0), read
 from `config.task.options`. The vocabulary is vocab.json next to the first training file, or the default
-corpus's (data.text.ensure_default_lm_data, `char` tokens) when no --train_data is given. Nothing random
+corpus's (data.text.ensure_default_lm_data, `char` tokens) when no --train_data is given; subword records
+bring their SentencePiece model file, beside vocab.json. Nothing random
 happens per example.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import math
 import os
@@ -34,7 +37,7 @@ DEFAULT_TOKENS = "char"  # the default corpus's tokens (nanoGPT's shakespeare_ch
 
 
 class LanguageModel(Task):
-    """A character- or byte-level language model; see the module docstring."""
+    """A character-, byte- or subword-level language model; see the module docstring."""
 
     name = "lm"
     metric_names = ("bits_per_byte", "accuracy")
@@ -81,7 +84,8 @@ class LanguageModel(Task):
 
     @property
     def vocab_size(self) -> int:
-        return len(self.vocab["chars"]) if self.vocab["tokens"] == "char" else 256
+        tokens = self.vocab["tokens"]
+        return len(self.vocab["chars"]) if tokens == "char" else 256 if tokens == "byte" else self.vocab["vocab_size"]
 
     # --- model and objective ---------------------------------------------------------------------------------
 
@@ -115,11 +119,15 @@ class LanguageModel(Task):
 
     @functools.cached_property
     def _bytes_per_token(self) -> np.ndarray:
-        """UTF-8 bytes each token stands for (float32 [vocab]): 1 for byte tokens, each character's for char.
-        Kept as numpy, not a tensor: a tensor made while the engine traces a tf.function would belong to that
-        graph, and the next trace could not use it."""
+        """UTF-8 bytes each token stands for (float32 [vocab]): 1 for byte tokens, each character's for char,
+        each piece's for subword (a byte-fallback token 1). Kept as numpy, not a tensor: a tensor made while
+        the engine traces a tf.function would belong to that graph, and the next trace could not use it."""
         if self.vocab["tokens"] == "byte":
             return np.ones([256], np.float32)
+        if self.vocab["tokens"] == "subword":
+            from data import subword
+
+            return subword.token_bytes(self.vocab["model_proto"])
         return np.array([len(c.encode("utf-8")) for c in self.vocab["chars"]], np.float32)
 
     # --- serving ---------------------------------------------------------------------------------------------
@@ -138,14 +146,21 @@ class LanguageModel(Task):
         return {"serving_default": (all_logits, [tokens]), "next_token": (next_token, [tokens, lengths])}
 
     def describe(self) -> dict:
-        """run.json's `task` entry; `python -m tasks.sample` reads tokens, vocab and context from it."""
-        return {
+        """run.json's `task` entry (and the export's assets.extra/towerflow_serving.json); `python -m
+        tasks.sample` reads tokens, vocab and context from it. Subword tokens add the SentencePiece model itself
+        (`subword_model`, base64) and its sha256: the run directory holds what it takes to decode, as it holds a
+        char vocabulary."""
+        facts = {
             "source_sha256": self.vocab.get("source_sha256"),
             "tokens": self.vocab["tokens"],
             "vocab_size": self.vocab_size,
             "vocab": self.vocab.get("chars"),
             "context": self.context,
         }
+        if self.vocab["tokens"] == "subword":
+            facts["subword_model"] = base64.b64encode(self.vocab["model_proto"]).decode("ascii")
+            facts["subword_model_sha256"] = self.vocab["model_sha256"]
+        return facts
 
 
 def _targets(batch) -> tuple[tf.Tensor, tf.Tensor]:

@@ -6,8 +6,9 @@ Loads the newest SavedModel under RUN_DIR/export/<step>/ (the largest all-digit 
 layout, trainer/outputs/export.py) with `tf.saved_model.load`, and calls its `next_token` signature
 (tokens int32 [1, T], lengths int32 [1] -> logits [1, vocab]) on the last `context` tokens, once per new
 token. The vocabulary is in RUN_DIR/run.json, where the engine records the task's `describe()`
-(`tasks.lm.LanguageModel.describe()`) as `task.<key>`: `task.tokens` ("char" or "byte"), `task.vocab` (the
-characters, for char tokens) and `task.context`. Draws are stateless,
+(`tasks.lm.LanguageModel.describe()`) as `task.<key>`: `task.tokens` ("char", "byte" or "subword"),
+`task.vocab` (the characters, for char tokens), `task.subword_model` (the SentencePiece model, base64, for
+subword tokens) and `task.context`. Draws are stateless,
 seeded by (--seed, token index): the same seed prints the same text. Prints the prompt and what follows.
 A bad RUN_DIR, a missing export or run.json, or a prompt outside the vocabulary: one line, exit 2.
 """
@@ -54,7 +55,9 @@ def newest_export(run_dir: str) -> str:
 
 
 def read_vocabulary(run_dir: str) -> dict:
-    """run.json's `task.*` entries: {"tokens": "char"|"byte", "vocab": [chars] (char), "context": int}.
+    """run.json's `task.*` entries: {"tokens": "char"|"byte"|"subword", "vocab": [chars] (char),
+    "subword_model": base64 (subword), "context": int}; for subword tokens "processor" is added, the loaded
+    SentencePiece model.
 
     Raises:
         SampleError: When run.json is missing, unreadable or lacks those keys.
@@ -65,12 +68,37 @@ def read_vocabulary(run_dir: str) -> dict:
             task = {k[len("task.") :]: v for k, v in json.load(f).items() if k.startswith("task.")}
     except (OSError, ValueError, AttributeError) as e:
         raise SampleError(f"cannot read {path}: {e}") from None
-    ok = isinstance(task, dict) and task.get("tokens") in ("char", "byte") and isinstance(task.get("context"), int)
+    tokens = ("char", "byte", "subword")
+    ok = isinstance(task, dict) and task.get("tokens") in tokens and isinstance(task.get("context"), int)
     if ok and task["tokens"] == "char":
         ok = isinstance(task.get("vocab"), list) and len(task["vocab"]) > 0
+    if ok and task["tokens"] == "subword":
+        ok = isinstance(task.get("subword_model"), str)
     if not ok:
-        raise SampleError(f"{path} has no task.tokens, task.vocab and task.context: not a --task=lm run")
+        raise SampleError(
+            f"{path} has no task.tokens, task.vocab and task.context (task.subword_model for subword tokens): "
+            "not a --task=lm run"
+        )
+    if task["tokens"] == "subword":
+        task["processor"] = _subword_processor(task["subword_model"], path)
     return task
+
+
+def _subword_processor(encoded: str, path: str):
+    """The SentencePiece model run.json holds (base64).
+
+    Raises:
+        SampleError: When it is not base64 of a SentencePiece model.
+    """
+    import base64
+    import binascii
+
+    import sentencepiece
+
+    try:
+        return sentencepiece.SentencePieceProcessor(model_proto=base64.b64decode(encoded, validate=True))
+    except (binascii.Error, RuntimeError, ValueError) as e:
+        raise SampleError(f"{path}: task.subword_model is not a SentencePiece model ({e})") from None
 
 
 def encode(text: str, task: dict) -> list[int]:
@@ -81,6 +109,8 @@ def encode(text: str, task: dict) -> list[int]:
     """
     if task["tokens"] == "byte":
         ids = list(text.encode("utf-8"))
+    elif task["tokens"] == "subword":
+        ids = task["processor"].encode(text)  # byte fallback: any character has ids
     else:
         index = {c: i for i, c in enumerate(task["vocab"])}
         missing = sorted({c for c in text if c not in index})
@@ -96,6 +126,8 @@ def decode(ids: list[int], task: dict) -> str:
     """Text of token ids (bytes that are not whole UTF-8 characters become U+FFFD)."""
     if task["tokens"] == "byte":
         return bytes(ids).decode("utf-8", errors="replace")
+    if task["tokens"] == "subword":
+        return task["processor"].decode(ids)
     return "".join(task["vocab"][i] for i in ids)
 
 

@@ -198,7 +198,13 @@ def _change(setting: str, recorded: dict, current: dict, config: RunConfig) -> s
     """`--flag: recorded -> now`, saying where now's augmentation came from when --augment=auto chose it."""
     auto = f" (auto for {config.model.name})" if setting == "data.augment" and config.data.augment_auto else ""
     name = CODE_NAMES.get(setting, f"--{table.flag_name(setting)}")
-    return f"{name}: {recorded.get(setting)!r} -> {current.get(setting)!r}{auto}"
+    return f"{name}: {_short(recorded.get(setting))} -> {_short(current.get(setting))}{auto}"
+
+
+def _short(value, limit: int = 120) -> str:
+    """repr(value), its middle cut when long (a subword model, base64, is a task fact of ~100 KB)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]} ({len(text)} characters)"
 
 
 def _warn_if_schedule_stretched(config: RunConfig, log) -> None:

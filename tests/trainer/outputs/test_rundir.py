@@ -253,3 +253,11 @@ def test_the_language_models_sizes_define_an_lm_run_and_no_other(make_config, tm
     wider = make_config(task={"name": "lm", "options": {"width": 64, "heads": 2}})
     with pytest.raises(rundir.RunDirError, match=r"\(--lm_heads: 4 -> 2; --lm_width: 128 -> 64\)"):
         rundir.check_resume(settle(wider), allow_changes=False)
+
+
+@pytest.mark.quick
+def test_a_long_task_fact_is_cut_in_the_resume_message():
+    """A subword model travels in run.json as base64 (~100 KB): a refusal shows its ends, not all of it."""
+    model = "A" * 50_000 + "Z"
+    assert rundir._short(model) == f"{repr(model)[:60]}...{repr(model)[-60:]} (50003 characters)"
+    assert rundir._short("bpe") == "'bpe'" and rundir._short(None) == "None"

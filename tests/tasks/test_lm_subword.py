@@ -1,0 +1,93 @@
+"""The language model on subword records (`python -m data.prepare text --tokens=subword`): a short run trains
+and exports, bits per byte counts the bytes the subword targets stand for, and `python -m tasks.sample` decodes
+the ids with the model the run directory carries."""
+
+from __future__ import annotations
+
+import base64
+import glob
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from data import subword
+from data import text as text_data
+from tasks import sample
+from tests.support.paths import ROOT
+
+SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Subword records (vocabulary 400) of the default corpus's first 40,000 characters, and a run of 3 steps."""
+    root = tmp_path_factory.mktemp("lm_subword")
+    (root / "text.txt").write_text(text_data.default_corpus()[0][:40_000], encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=ROOT)  # this checkout's data/ and trainer/, whatever the cwd
+    prepare = [sys.executable, "-m", "data.prepare", "text", "text.txt", "records", "--context=32"]
+    done = subprocess.run(
+        [*prepare, "--tokens=subword", "--vocab_size=400"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    trainer = [sys.executable, "-m", "trainer", "--device=cpu", "--task=lm", *SIZES, "--train_steps=3"]
+    data = [f"--train_data={root / 'records' / 'train-*'}", f"--eval_data={root / 'records' / 'eval-*'}"]
+    done = subprocess.run(
+        [*trainer, *data, "--global_batch_size=16", f"--model_dir={root / 'run'}", "--export"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+def test_a_run_on_subword_records_counts_the_bytes_its_targets_stand_for(run):
+    info = json.loads((run / "records" / "vocab.json").read_text())
+    metrics = json.loads((run / "run" / "metrics.json").read_text())
+    assert (metrics["global_step"], metrics["task"]) == (3, "lm")
+    model = (run / "records" / "subword.model").read_bytes()
+    ids = []
+    for raw in tf.data.TFRecordDataset(sorted(glob.glob(str(run / "records" / "eval-*")))):
+        tokens = tf.io.parse_single_example(raw, {"tokens": tf.io.VarLenFeature(tf.int64)})["tokens"]
+        ids.append(tf.sparse.to_dense(tokens).numpy())
+    targets = [t for record in ids for t in record[1:]]
+    assert len(targets) == info["eval_tokens"] - 1
+    target_bytes = subword.token_bytes(model)[targets].sum()
+    assert target_bytes == info["bytes"]["eval"] - subword.token_bytes(model)[ids[0][0]]
+    bits = metrics["eval_loss"] * len(targets) / math.log(2.0) / target_bytes
+    assert metrics["eval_bits_per_byte"] == pytest.approx(bits, rel=1e-4)
+
+
+def test_the_run_directory_and_export_carry_the_model(run):
+    model = (run / "records" / "subword.model").read_bytes()
+    recorded = json.loads((run / "run" / "run.json").read_text())
+    assert (recorded["task.tokens"], recorded["task.vocab_size"]) == ("subword", 400)
+    assert base64.b64decode(recorded["task.subword_model"]) == model
+    assert recorded["task.subword_model_sha256"] == hashlib.sha256(model).hexdigest()
+    contract_path = glob.glob(str(run / "run" / "export" / "*" / "assets.extra" / "towerflow_serving.json"))[0]
+    with open(contract_path, encoding="utf-8") as f:
+        contract = json.load(f)
+    assert base64.b64decode(contract["subword_model"]) == model
+
+
+def test_the_sampler_decodes_subword_ids(run, capsys):
+    argv = [str(run / "run"), "--prompt=The class ", "--tokens=12", "--seed=3"]
+    assert sample.main(argv) == 0
+    first = capsys.readouterr().out
+    assert sample.main(argv) == 0
+    assert capsys.readouterr().out == first and first.startswith("The class ")
+    task = sample.read_vocabulary(str(run / "run"))
+    assert sample.decode(sample.encode("naïve “text” ✓", task), task) == "naïve “text” ✓"  # byte fallback
