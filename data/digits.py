@@ -1,13 +1,21 @@
-"""A small real data set for tests and examples: scikit-learn's bundled 8x8 digits as image TFRecords.
+"""A small real data set for tests and examples: the 8x8 handwritten digits as image TFRecords.
 
 1797 grayscale images (8, 8, 1), labels 0..9, with a FIXED held-out split: the permutation of
 np.random.default_rng(0), whose last 360 examples (20%) are eval and the other 1437 train. Train is written
-in 4 PNG shards, eval in 1. Needs no network: load_digits() ships inside scikit-learn.
+in 4 PNG shards, eval in 1. Needs no network: the data ships with towerflow (`digits.csv.gz`, 57 KB).
+
+The data is the test set of the UCI "Optical Recognition of Handwritten Digits" data set (E. Alpaydin and
+C. Kaynak, 1998; CC BY 4.0: https://archive.ics.uci.edu/dataset/80), in the file scikit-learn (BSD-3-Clause)
+bundles as sklearn/datasets/data/digits.csv.gz and reads with `load_digits()`: one row per image, 64 pixels
+of 0..16 and the label. towerflow reads the same file the same way, byte for byte the arrays `load_digits()`
+gives (tests/data/test_data_prepare.py), without importing scikit-learn: importing it (and SciPy) cost every
+process ~1.4 CPU-seconds, because Keras imports scikit-learn when it is installed.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import shutil
@@ -26,6 +34,7 @@ CACHE_NAME = "digits-v1"  # bump the version when the content or the split chang
 TRAIN_PATTERN = f"train-*-of-{TRAIN_SHARDS:05d}"
 EVAL_PATTERN = f"eval-*-of-{EVAL_SHARDS:05d}"
 _INFO_FILE = "info.json"
+_CSV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.csv.gz")
 
 
 def default_cache_dir() -> str:
@@ -41,14 +50,19 @@ def digits_splits() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np
         ((train_images, train_labels), (eval_images, eval_labels)): images uint8 (N, 8, 8, 1) with pixel
         values round(v * 255 / 16) of the original 0..16, labels int64 (N,) in 0..9; N = 1437 and 360.
     """
-    from sklearn.datasets import load_digits  # slow to import; only needed when building
-
-    digits = load_digits()
-    images = np.rint(digits.images * 255.0 / 16.0).astype(np.uint8)[..., np.newaxis]
-    labels = digits.target.astype(np.int64)
+    pixels, labels = load_digits()
+    images = np.rint(pixels * 255.0 / 16.0).astype(np.uint8)[..., np.newaxis]
     order = np.random.default_rng(0).permutation(len(labels))
     train, held_out = order[:-NUM_EVAL], order[-NUM_EVAL:]
     return (images[train], labels[train]), (images[held_out], labels[held_out])
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 digits as scikit-learn's `load_digits()` gives them: (images float64 (1797, 8, 8) of 0..16,
+    labels int64 (1797,)), in the file's order."""
+    with gzip.open(_CSV) as f:
+        rows = np.loadtxt(f, delimiter=",")
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(np.int64)
 
 
 def write_digits(out_dir: str) -> tuple[str, str]:
@@ -68,7 +82,8 @@ def write_digits(out_dir: str) -> tuple[str, str]:
     writer.write_image_records(os.path.join(out_dir, "eval"), eval_images, eval_labels, num_shards=EVAL_SHARDS)
     info = {
         "name": "digits",
-        "source": "sklearn.datasets.load_digits(); pixels round(v * 255 / 16); eval = last 360 of "
+        "source": "data/digits.csv.gz (UCI optical digits, test set; as sklearn's load_digits()); "
+        "pixels round(v * 255 / 16); eval = last 360 of "
         "np.random.default_rng(0).permutation(1797)",
         "schema": "image",
         "image_format": "png",
@@ -79,7 +94,7 @@ def write_digits(out_dir: str) -> tuple[str, str]:
     }
     with open(os.path.join(out_dir, "README.txt"), "w") as f:
         f.write(
-            "scikit-learn's 8x8 digits as ImageNet-style image TFRecords (PNG, 8x8x1, labels 0..9), "
+            "The UCI 8x8 handwritten digits as ImageNet-style image TFRecords (PNG, 8x8x1, labels 0..9), "
             "written by towerflow's data.digits.\n"
             f"train: {len(train_labels)} examples in {TRAIN_PATTERN}\n"
             f"eval:  {len(eval_labels)} examples in {EVAL_PATTERN}\n"

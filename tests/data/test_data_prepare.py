@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -43,6 +44,22 @@ def test_ensure_digits_builds_the_fixed_split(digits_globs):
         assert json.load(f)["counts"] == {"train": 1437, "eval": 360}
 
 
+def test_the_shipped_digits_are_the_arrays_scikit_learns_load_digits_gives():
+    """data/digits.csv.gz read as scikit-learn 1.9.1's `load_digits()` reads it: the same float64 images and labels
+    (their sha256 taken from scikit-learn itself), and importing it pulls in neither scikit-learn nor SciPy."""
+    images, labels = digits.load_digits()
+    assert (images.shape, images.dtype, labels.dtype) == ((1797, 8, 8), np.float64, np.int64)
+    assert hashlib.sha256(images.tobytes()).hexdigest() == (
+        "20def7f70a702f0af9732fbba4375e147a7d54fe70d8c45569b8e7c1c7010c10"
+    )
+    assert hashlib.sha256(labels.tobytes()).hexdigest() == (
+        "a3c91c262eddcf7ba8f0e37507c30284493c9b20412ffe4af30d536401f7ba21"
+    )
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    code = "import sys, data.digits; data.digits.load_digits(); assert not {'sklearn', 'scipy'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
 def test_ensure_digits_second_call_is_a_cache_hit(digits_globs, monkeypatch):
     cache_dir = os.path.dirname(digits_globs[0])
 
@@ -50,7 +67,7 @@ def test_ensure_digits_second_call_is_a_cache_hit(digits_globs, monkeypatch):
         return {name: os.stat(os.path.join(cache_dir, name)).st_mtime_ns for name in sorted(os.listdir(cache_dir))}
 
     before = files()
-    monkeypatch.setitem(sys.modules, "sklearn", None)  # any import of sklearn now raises ImportError
+    monkeypatch.setattr(digits, "load_digits", lambda: pytest.fail("read the digits again"))
     monkeypatch.setattr(digits, "write_digits", lambda out_dir: pytest.fail(f"rebuilt the cache in {out_dir}"))
     assert data.ensure_digits(cache_dir) == digits_globs
     assert files() == before and len(before) == 7  # 4 train shards, 1 eval, info.json, README.txt: as they were

@@ -146,11 +146,11 @@ def test_init_is_deterministic_under_set_random_seed(name):
 def test_cnn_learns_digits_in_a_few_hundred_steps():
     # The default run trains cnn ~1000 steps of 128 on 8x8 digits; 200 steps must already do well
     # (measured 0.997 held-out with seed 0). Plain Keras fit: this checks the model, not the trainer.
-    from sklearn.datasets import load_digits
+    from data.digits import load_digits
 
-    digits = load_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None]
-    y = digits.target.astype("int32")
+    images, labels = load_digits()
+    x = (images / 16.0).astype("float32")[..., None]
+    y = labels.astype("int32")
     order = np.random.default_rng(0).permutation(len(x))
     train, test = order[:1400], order[1400:]
     keras.utils.set_random_seed(0)

@@ -21,6 +21,7 @@ import tensorflow as tf
 import data
 from trainer.settings.config import DataConfig, RunConfig
 from trainer.step.modes import Plan
+from trainer.system import graphs
 from trainer.system.devices import Placement
 
 
@@ -91,7 +92,7 @@ class PlacedIterator:
         """(Re)builds the stream at `position`."""
         position = tuple(int(v) for v in self.position.numpy())
         with tf.device(self.device):
-            self.iterator = iter(self._make_dataset(position))
+            self.iterator = iter(graphs.pipelines(self._make_dataset)(position))
         spec = self.iterator.element_spec
         self.element_spec = spec[0] if self._positioned else spec  # of one batch
 
@@ -129,7 +130,7 @@ def train_iterators(plan: Plan, placement: Placement, reader, inputs: Inputs, tr
     for j, host in enumerate(hosts):
         share = dict(worker_index=j, num_workers=len(hosts), bad_records=bad_records)
         with tf.device(host):  # decoded once (--cache), on the stream's host, and kept across its rebuilds
-            decoded = reader.decode_share(inputs, settings, share)
+            decoded = graphs.pipelines(reader.decode_share)(inputs, settings, share)
         stream = data.Stream(
             batch_size=t.micro_batch_size,
             seed=config.seed,
@@ -150,4 +151,4 @@ def eval_dataset_fn(config: RunConfig, reader, inputs: Inputs, bad_records: data
     def make_dataset():
         return reader.eval_dataset(inputs, data.Stream(eval_batch, bad_records=bad_records, **extra))
 
-    return make_dataset
+    return graphs.pipelines(make_dataset)
