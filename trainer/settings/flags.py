@@ -58,7 +58,8 @@ def config_from_flags(values) -> cfg.RunConfig:
     `trainer.settings.resolve.resolve`).
 
     Raises:
-      ConfigError: a list flag's values do not parse; the message names the flag.
+      ConfigError: a list flag's values do not parse, or a built-in task's argument is set away from its
+        default while --task names another task; the message names the flag.
     """
     groups: dict[str, dict] = {}
     top: dict = {}
@@ -70,6 +71,11 @@ def config_from_flags(values) -> cfg.RunConfig:
         if flag.task:
             if flag.task == task_name:
                 options[field] = value
+            elif value != flag.default:  # a flagfile of any run lists every task's flags, at their defaults
+                raise cfg.ConfigError(
+                    f"--{flag.name} ({value}) is an argument of --task={flag.task}, and this run's task is "
+                    f"{task_name!r}: drop the flag, or pass --task={flag.task}"
+                )
             continue
         (groups.setdefault(group, {}) if group else top)[field] = value
     groups["task"]["options"] = tuple(sorted(options.items()))

@@ -132,8 +132,16 @@ def test_a_built_in_tasks_arguments_are_its_own_settings():
         "layers": 4, "heads": 2, "width": 64, "context": 64, "positions": "learned", "dropout": 0.0
     }  # fmt: skip
     assert table.setting(lm, "task.width") == 64
-    assert _parse("--lm_width=64").task.options == ()  # the default task declares no such argument
-    user = _parse("--task=tests.support.tasks_example:Regression", "--lm_width=64")
+    # another task's argument: refused when set away from its default (a run's flags.txt lists every flag)
+    assert _parse("--lm_width=128").task.options == ()  # the default task declares no such argument
+    refused = r"^--lm_width \(64\) is an argument of --task=lm, and this run's task is '{}': drop the flag, or "
+    refused += "pass --task=lm$"
+    with pytest.raises(cfg.ConfigError, match=refused.format("classify")):
+        _parse("--lm_width=64")
+    user_task = "tests.support.tasks_example:Regression"
+    with pytest.raises(cfg.ConfigError, match=refused.format(user_task)):
+        _parse(f"--task={user_task}", "--lm_width=64")
+    user = _parse(f"--task={user_task}")
     assert user.task.options == ()
     lm_recorded = rundir.defining_settings(modes.settle(resolve(cfg.RunConfig(task=cfg.TaskConfig(name="lm")))))
     assert (lm_recorded["task.width"], lm_recorded["task.heads"]) == (128, 4)
