@@ -16,6 +16,7 @@ COPY setup.cfg pyproject.toml README.md ./
 COPY trainer/ trainer/
 COPY models/ models/
 COPY data/ data/
+COPY tasks/ tasks/
 COPY launch/ launch/
 COPY benchmarks/ benchmarks/
 RUN python -m pip install --no-cache-dir . \

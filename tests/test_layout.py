@@ -312,3 +312,16 @@ def test_the_task_name_check_sees_a_name_in_code_and_not_in_a_docstring_or_comme
     finally:
         ROOT = root
     assert sorted(line.split(": ", 1)[1] for line in found) == ["'--lm_width '", "'classify'", "'lm'"]
+
+
+def test_the_image_holds_every_package_the_install_names():
+    """The Dockerfile copies each package setup.cfg installs (`[options.packages.find] include`) before its
+    `pip install .`: an image built without `tasks/` (0.7.0's) installed a trainer that cannot import its tasks.
+    The package data comes along with its folder (`data/digits.csv.gz`, the default job's digits)."""
+    setup = (ROOT / "setup.cfg").read_text()
+    included = re.search(r"^\[options\.packages\.find\]\ninclude =\n((?:    .+\n)+)", setup, re.MULTILINE)
+    packages = {line.strip().rstrip("*") for line in included.group(1).splitlines()}
+    assert packages == set(PACKAGES)
+    copied = set(re.findall(r"^COPY (\w+)/ \1/$", (ROOT / "Dockerfile").read_text(), re.MULTILINE))
+    assert copied == packages
+    assert re.search(r"^data = digits\.csv\.gz$", setup, re.MULTILINE)
