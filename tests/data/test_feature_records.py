@@ -103,8 +103,9 @@ def test_eval_reads_every_record_once_in_order_with_a_short_last_batch(tmp_path)
     assert labels == [[*range(10), *range(20, 30)], [*range(10, 20), *range(30, 40)]]
 
 
-@pytest.mark.quick
-@pytest.mark.parametrize("num_streams", [1, 3, 6])
+@pytest.mark.parametrize(
+    "num_streams", [pytest.param(1, marks=pytest.mark.quick), pytest.param(3, marks=pytest.mark.quick), 6]
+)
 def test_the_streams_share_one_epoch_of_every_record_once_with_positional_seeds(tmp_path, num_streams):
     _write_files(tmp_path)
     info = _info(tmp_path)

@@ -172,7 +172,6 @@ def test_examples_per_sec_is_over_every_attempt(tmp_path):
     assert [a["examples_per_sec"] for a in log.summary()] == [1000.0, 500.0]
 
 
-@pytest.mark.quick
 def test_preemption_is_left_to_slurm(make_config, tmp_path, fake_slurm):
     with pytest.raises(stop_lib.StopRequested):
         train(make_config(loop={"train_steps": 40}), stop=StopAfterChecks(8, signal.SIGTERM))
@@ -222,7 +221,6 @@ def _attempts_in(directory):
     return json.loads((directory / "attempts.json").read_text())
 
 
-@pytest.mark.quick
 def test_an_srun_that_outlives_the_chiefs_attempt_is_ended(tmp_path):
     """srun waiting for a task-exit message lost in an outage: killed `grace_sec` after the attempt ended."""
     srun = subprocess.Popen(["sleep", "60"])

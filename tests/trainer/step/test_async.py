@@ -98,7 +98,6 @@ def test_a_failing_tower_ends_the_run_with_its_number(make_config):
     assert all(not t.is_alive() for t in threading.enumerate() if t.name.startswith("tower-"))
 
 
-@pytest.mark.quick
 def test_sigint_checkpoints_at_a_step_boundary_and_resume_continues(make_config, tmp_path, monkeypatch):
     """SIGINT is sent when the run prints its step-20 line (an event, not a time: a slow machine only takes
     longer); the run stops at the next step boundary, checkpoints there and says which step it was."""
