@@ -11,22 +11,13 @@ import os
 import shutil
 
 import pytest
-import tensorflow as tf
 
 from data import DataError, prepare, subword
 from data import text as text_data
+from tests.support.records import token_records
 
 CORPUS_SHA256 = "71f2ff5d99bdc1f9c48c5c2353ad138201c5ca1c377e0226857ef8fa89b8bcee"  # Python 3.11.7's
 MODEL_SHA256 = "5e3db8165959170964b8c70a0cb7febb63cf83dd1e45270e1bae7d27bdd3d010"  # bpe, 2000, sentencepiece 0.2.1
-
-
-def _records(pattern: str) -> list[list[int]]:
-    records = []
-    for path in sorted(glob.glob(pattern)):
-        for raw in tf.data.TFRecordDataset(path):
-            example = tf.io.parse_single_example(raw, {"tokens": tf.io.VarLenFeature(tf.int64)})
-            records.append(tf.sparse.to_dense(example["tokens"]).numpy().tolist())
-    return records
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +48,7 @@ def test_a_model_trained_on_the_train_split_whose_ids_decode_back_to_the_text(co
     assert info["bytes"] == {"train": cut, "eval": len(raw) - cut}  # an ASCII byte there: no character moved
     sp = subword.processor(model)
     for split, part in (("train", raw[:cut].decode()), ("eval", raw[cut:].decode())):
-        records = _records(str(out / info["files"][split]))
+        records = token_records(str(out / info["files"][split]))
         ids = records[0] + [t for r in records[1:] for t in r[1:]]  # windows overlap by one token
         assert max(ids) < 2000 and min(ids) >= 1  # 0 is <unk>: byte fallback never needs it
         assert ids == sp.encode(part) and sp.decode(ids) == part
@@ -80,7 +71,7 @@ def test_unigram_and_paragraphs(corpus, tmp_path):
     assert prepare.main(["text", corpus[2], str(tmp_path / "out"), *args]) == 0
     info = json.loads((tmp_path / "out" / "vocab.json").read_text())
     assert (info["subword_model"], info["documents"], info["vocab_size"]) == ("unigram", "paragraphs", 1000)
-    records = _records(str(tmp_path / "out" / info["files"]["eval"]))
+    records = token_records(str(tmp_path / "out" / info["files"]["eval"]))
     assert max(max(r) for r in records) < 1000 and min(len(r) for r in records) >= 2
 
 

@@ -11,21 +11,11 @@ import subprocess
 import sys
 
 import pytest
-import tensorflow as tf
 
 from data import prepare
 from data import text as text_data
 from tests.support.paths import ROOT
-
-
-def _records(pattern: str) -> list[list[int]]:
-    """Every record's `tokens`, files in sorted order."""
-    records = []
-    for path in sorted(glob.glob(pattern)):
-        for raw in tf.data.TFRecordDataset(path):
-            example = tf.io.parse_single_example(raw, {"tokens": tf.io.VarLenFeature(tf.int64)})
-            records.append(tf.sparse.to_dense(example["tokens"]).numpy().tolist())
-    return records
+from tests.support.records import token_records
 
 
 def _prepare(tmp_path, text: str, *args: str) -> tuple[dict, list[list[int]], list[list[int]]]:
@@ -35,8 +25,8 @@ def _prepare(tmp_path, text: str, *args: str) -> tuple[dict, list[list[int]], li
     assert prepare.main(["text", str(source), str(out), *args]) == 0
     with open(out / "vocab.json", encoding="utf-8") as f:
         info = json.load(f)
-    train = _records(str(out / info["files"]["train"]))
-    return info, train, _records(str(out / info["files"]["eval"]))
+    train = token_records(str(out / info["files"]["train"]))
+    return info, train, token_records(str(out / info["files"]["eval"]))
 
 
 @pytest.mark.quick

@@ -28,3 +28,15 @@ def _collect(dataset: tf.data.Dataset, num_batches: int | None = None) -> tuple[
 
 def _count_records(pattern: str) -> int:
     return sum(1 for _ in tf.data.TFRecordDataset(list(data.list_files(pattern))))
+
+
+def token_records(pattern: str) -> list[list[int]]:
+    """Every record's `tokens` (the language model's records, data/text.py), files in sorted order."""
+    import glob  # noqa: PLC0415
+
+    records = []
+    for path in sorted(glob.glob(pattern)):
+        for raw in tf.data.TFRecordDataset(path):
+            example = tf.io.parse_single_example(raw, {"tokens": tf.io.VarLenFeature(tf.int64)})
+            records.append(tf.sparse.to_dense(example["tokens"]).numpy().tolist())
+    return records

@@ -20,6 +20,7 @@ from data import subword
 from data import text as text_data
 from tasks import sample
 from tests.support.paths import ROOT
+from tests.support.runs import run_trainer
 
 SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
 
@@ -40,16 +41,11 @@ def run(tmp_path_factory):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    trainer = [sys.executable, "-m", "trainer", "--device=cpu", "--task=lm", *SIZES, "--train_steps=3"]
     data = [f"--train_data={root / 'records' / 'train-*'}", f"--eval_data={root / 'records' / 'eval-*'}"]
-    done = subprocess.run(
-        [*trainer, *data, "--global_batch_size=16", f"--model_dir={root / 'run'}", "--export"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_trainer(
+        "--device=cpu", "--task=lm", *SIZES, "--train_steps=3", *data, "--global_batch_size=16",
+        f"--model_dir={root / 'run'}", "--export", env=env, timeout=600,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return root
 
