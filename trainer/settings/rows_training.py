@@ -122,7 +122,7 @@ def data_() -> list[Flag]:
             "data.train_data",
             g,
             "Glob(s), comma-separated, of training TFRecords. Empty: the "
-            "built-in scikit-learn digits (built once into ~/.cache/towerflow or $TOWERFLOW_CACHE).",
+            "built-in UCI digits (data/digits.csv.gz, built once into ~/.cache/towerflow or $TOWERFLOW_CACHE).",
         ),
         Flag("eval_data", "data.eval_data", g, "Glob(s) of held-out TFRecords; required with --train_data.", FREE),
         Flag(
