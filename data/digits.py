@@ -8,8 +8,8 @@ The data is the test set of the UCI "Optical Recognition of Handwritten Digits" 
 C. Kaynak, 1998; CC BY 4.0: https://archive.ics.uci.edu/dataset/80), in the file scikit-learn (BSD-3-Clause)
 bundles as sklearn/datasets/data/digits.csv.gz and reads with `load_digits()`: one row per image, 64 pixels
 of 0..16 and the label. towerflow reads the same file the same way, byte for byte the arrays `load_digits()`
-gives (tests/data/test_data_prepare.py), without importing scikit-learn: importing it (and SciPy) cost every
-process ~1.4 CPU-seconds, because Keras imports scikit-learn when it is installed.
+gives (tests/data/test_data_prepare.py), without importing scikit-learn: Keras imports it whenever it is
+installed, and `import tensorflow, keras` took 5.6 CPU-seconds with it, 3.8 without.
 """
 
 from __future__ import annotations

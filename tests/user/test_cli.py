@@ -27,7 +27,7 @@ def _run(*args, expect=0, native_env=False):
     """Runs the trainer; `native_env`: without the test session's TF_CPP_MIN_LOG_LEVEL and
     CUDA_VISIBLE_DEVICES, as a user's shell would have it. Every run leaves its temporary directory empty:
     autograph's generated sources were left there (the trainer leaves through os._exit, past their clean-up),
-    7 to 37 files a start, until the input pipelines were built without autograph (trainer.system.graphs)."""
+    7 files in a 12-step run, until the input pipelines were built without autograph (trainer.system.graphs)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     if native_env:
         env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")}

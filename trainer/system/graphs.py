@@ -13,9 +13,9 @@ that branches on a tensor anyway ends the run with one line naming its function 
 not TensorFlow's advice to decorate it with `@tf.function`.
 
 The input pipelines are built the same way (`pipelines`): tf.data traces every function given to `map`,
-`scan` or `interleave` and, left alone, converts it with autograph first: 37 functions and ~1 CPU-second a
-start, and a generated source file each left in the temporary directory (the trainer leaves through
-`os._exit`, past autograph's clean-up), thousands a day on a shared node.
+`scan` or `interleave` and, left alone, converts it with autograph first: 7 functions in a 12-step digits run,
+each leaving a generated source file in the temporary directory (the trainer leaves through
+`os._exit`, past autograph's clean-up): 61,732 had gathered in the project machine's /tmp.
 """
 
 from __future__ import annotations
