@@ -6,10 +6,16 @@ model maps token ids [B, T] to logits [B, T, vocab]. Build it with ``transformer
     model = transformer_lm(vocab_size=65, layers=4, heads=4, width=128, context=64)
     logits = model(ids)                  # ids int32 [B, T], T <= context: every position real
     logits = model((ids, lengths))       # lengths int32 [B]: positions >= length are padding
+    logits, cache = model.cached_call(ids, 0, model.empty_cache(batch))  # positions 0 .. T-1, keys kept
+    logits, cache = model.cached_call(next_ids, T, cache)                # [B, 1]: one position's compute
 
 Layout: token embedding (+ learned positions, or rotary positions applied to queries and keys), ``layers``
 pre-LayerNorm blocks (causal self-attention, then a GELU MLP of 4x width), a final LayerNorm and an untied
 linear head without bias (nanoGPT ties the head to the embedding; untied keeps each variable one layer's).
+``cached_call`` is the incremental path of generation (tasks/lm_generate.py): the keys and values of earlier
+positions are kept per block in a cache of ``context`` positions, so a new position costs one position's
+projections and MLP and attention over the positions before it; it computes what ``call`` computes at those
+positions (the same ops on the real keys, no padding), for learned and rotary positions.
 Attention is this module's own: rotary positions act between the projection and the scores, which
 ``keras.layers.MultiHeadAttention`` does not expose. A padding key is never attended to, so the logits at
 real positions do not depend on what padding holds. Logits are float32 whatever the dtype policy (under
@@ -131,6 +137,30 @@ class TransformerLM(keras.Model):
             x = x + ops.cast(self.position_embedding(ops.arange(length)), self.compute_dtype)[None]
         return self.embedding_dropout(x, training=training), attention_mask(length, lengths)
 
+    def empty_cache(self, batch_size: int = 1) -> tuple:
+        """The cache ``cached_call`` starts from: per block (keys, values), zeros [batch, heads, context,
+        head_size] in the compute dtype."""
+        attention = self.blocks[0].attention
+        shape = (batch_size, attention.heads, self.context, attention.head_size)
+        return tuple((ops.zeros(shape, self.compute_dtype), ops.zeros(shape, self.compute_dtype)) for _ in self.blocks)
+
+    def cached_call(self, ids, start, cache):
+        """Logits float32 [B, T, vocab] of ids [B, T] at positions start .. start + T - 1, every position real,
+        given ``cache`` holding the keys and values of positions < start; inference only (no dropout).
+
+        Returns (logits, the cache with these positions' keys and values written). Needs start + T <= context:
+        positions do not slide (a learned position has its own row, and every later key depends on the first)."""
+        positions = start + ops.arange(ops.shape(ids)[1])
+        x = ops.cast(self.token_embedding(ids), self.compute_dtype)
+        if self.position_embedding is not None:
+            x = x + ops.cast(self.position_embedding(positions), self.compute_dtype)[None]
+        mask = (ops.arange(start + ops.shape(ids)[1])[None, :] <= positions[:, None])[None, None]  # [1, 1, T, keys]
+        kept = []
+        for block, pair in zip(self.blocks, cache, strict=True):
+            x, pair = block.cached_call(x, mask, positions, pair)
+            kept.append(pair)
+        return self._head((x,), False), tuple(kept)
+
     def _head(self, carried, training):
         return ops.cast(self.head(self.final_norm(carried[0])), "float32")
 
@@ -169,7 +199,16 @@ class Block(layers.Layer):
 
     def call(self, x, mask, training=False):
         x = x + self.attention(self.attention_norm(x), mask, training=training)
-        return x + self.mlp_dropout(self.mlp_out(self.mlp_in(self.mlp_norm(x))), training=training)
+        return x + self.mlp_dropout(self._mlp(x), training=training)
+
+    def cached_call(self, x, mask, positions, cache):
+        """``call`` at ``positions`` (inference), attending to the cached keys too; returns (x, cache)."""
+        attended, cache = self.attention.cached_call(self.attention_norm(x), mask, positions, cache)
+        x = x + attended
+        return x + self._mlp(x), cache
+
+    def _mlp(self, x):
+        return self.mlp_out(self.mlp_in(self.mlp_norm(x)))
 
 
 class CausalSelfAttention(layers.Layer):
@@ -186,16 +225,34 @@ class CausalSelfAttention(layers.Layer):
         self.output_dropout = NamedDropout(dropout, name="output_dropout")
 
     def call(self, x, mask, training=False):
+        return self._attend(*self._project(x), mask, training)
+
+    def cached_call(self, x, mask, positions, cache):
+        """Attention of x [B, T, W] at ``positions`` (consecutive, from start) over the cached keys and values
+        of the positions before and its own; returns (output, the cache [B, heads, context, head_size] with
+        these positions' keys and values written). Only the real keys (start + T) enter the scores."""
+        q, k, v = self._project(x, positions)
+        start, end = positions[0], positions[-1] + 1
+        keys, values = (
+            ops.concatenate([old[:, :, :start], new, old[:, :, end:]], axis=2)
+            for old, new in zip(cache, (k, v), strict=True)
+        )
+        return self._attend(q, keys[:, :, :end], values[:, :, :end], mask, False), (keys, values)
+
+    def _project(self, x, positions=None):
         q, k, v = (self._split_heads(projection(x)) for projection in (self.query, self.key, self.value))
         if self.rotary:
-            q, k = rotary(q), rotary(k)
+            q, k = rotary(q, positions), rotary(k, positions)
+        return q, k, v
+
+    def _attend(self, q, k, v, mask, training):
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k) * (self.head_size**-0.5)  # (B, nh, T, T)
         # Softmax in float32 (mixed precision): 16-bit scores lose the small weights.
         scores = ops.where(mask, ops.cast(scores, "float32"), _MASKED)
         weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         weights = self.weights_dropout(weights, training=training)
         out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # (B, T, nh, hs)
-        out = ops.reshape(out, (ops.shape(x)[0], ops.shape(x)[1], self.heads * self.head_size))
+        out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.heads * self.head_size))
         return self.output_dropout(self.output_projection(out), training=training)
 
     def _split_heads(self, x):
@@ -203,12 +260,14 @@ class CausalSelfAttention(layers.Layer):
         return ops.transpose(ops.reshape(x, (shape[0], shape[1], self.heads, self.head_size)), (0, 2, 1, 3))
 
 
-def rotary(x, base: float = 10000.0):
-    """Rotary position embedding (RoPE, GPT-NeoX's half-split form) of x [B, heads, T, head_size]: the pair
-    (x[i], x[i + d/2]) at position t is turned by the angle t * base^(-2i/d), so q.k depends on the offset."""
+def rotary(x, positions=None, base: float = 10000.0):
+    """Rotary position embedding (RoPE, GPT-NeoX's half-split form) of x [B, heads, T, head_size] at
+    ``positions`` int32 [T] (None: 0 .. T-1): the pair (x[i], x[i + d/2]) at position t is turned by the angle
+    t * base^(-2i/d), so q.k depends on the offset."""
     half = x.shape[-1] // 2
     inverse = ops.power(base, -ops.arange(half, dtype="float32") * (2.0 / x.shape[-1]))
-    angles = ops.cast(ops.arange(ops.shape(x)[2]), "float32")[:, None] * inverse[None, :]  # (T, d/2)
+    positions = ops.arange(ops.shape(x)[2]) if positions is None else positions
+    angles = ops.cast(positions, "float32")[:, None] * inverse[None, :]  # (T, d/2)
     cos, sin = (ops.cast(f(angles), x.dtype) for f in (ops.cos, ops.sin))
     first, second = x[..., :half], x[..., half:]
     return ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
