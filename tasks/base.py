@@ -104,7 +104,9 @@ class Task:
 
     def serving(self, model: keras.Model) -> dict[str, tuple[object, list[tf.TensorSpec]]]:
         """The SavedModel's signatures: {name: (function of the specs' tensors -> dict of outputs, specs)}; the
-        first is also `serving_default`. Default: none, and then a run needs --noexport (refused at the start)."""
+        first is also `serving_default`. A function that is a method of a `tf.Module` has the module saved with
+        it (its resources: a lookup table, a tokenizer). Default: none, and then a run needs --noexport (refused
+        at the start)."""
         del model
         return {}
 

@@ -30,6 +30,7 @@ from data import list_files
 from data import text as text_data
 from data.schema import DataError, Feature
 from models.transformer import transformer_lm
+from tasks import lm_generate
 from tasks.base import Task
 from tasks.lm_options import OPTIONS
 
@@ -143,7 +144,11 @@ class LanguageModel(Task):
             logits = tf.cast(model((tokens, lengths), training=False), tf.float32)
             return {"logits": tf.gather(logits, lengths - 1, batch_dims=1)}  # [B, vocab] at each last real token
 
-        return {"serving_default": (all_logits, [tokens]), "next_token": (next_token, [tokens, lengths])}
+        return {
+            "serving_default": (all_logits, [tokens]),
+            "next_token": (next_token, [tokens, lengths]),
+            "generate": lm_generate.signature(model, self.describe()),  # text in, text out, with a cache
+        }
 
     def describe(self) -> dict:
         """run.json's `task` entry (and the export's assets.extra/towerflow_serving.json); `python -m

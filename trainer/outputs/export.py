@@ -17,6 +17,7 @@ import shutil
 from typing import Protocol
 
 import keras
+import tensorflow as tf
 
 from tasks import TaskError
 from trainer.settings.config import RunConfig
@@ -61,6 +62,9 @@ class TaskServing:
         archive.track(model)
         endpoints = self.task.serving(model)
         for name, (function, specs) in endpoints.items():
+            owner = getattr(function, "__self__", None)
+            if isinstance(owner, tf.Module):  # its resources (a tokenizer, a lookup table) are saved with it
+                archive.track(owner)
             archive.add_endpoint(name, function, list(specs))
         self._names = list(endpoints)
         return archive
