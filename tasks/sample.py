@@ -10,6 +10,9 @@ token. The vocabulary is in RUN_DIR/run.json, where the engine records the task'
 `task.vocab` (the characters, for char tokens), `task.subword_model` (the SentencePiece model, base64, for
 subword tokens) and `task.context`. Draws are stateless,
 seeded by (--seed, token index): the same seed prints the same text. Prints the prompt and what follows.
+Without a cache: each token runs the whole window. The export's `generate` signature (tasks/lm_generate.py)
+does the same in one call, with a key/value cache, and prints the same text; loading a subword run's export
+imports tensorflow_text, whose SentencePiece ops `generate` holds.
 A bad RUN_DIR, a missing export or run.json, or a prompt outside the vocabulary: one line, exit 2.
 """
 
@@ -177,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         prompt = encode(args.prompt, task)
         import tensorflow as tf  # only once the run directory is known to be good
 
+        if task["tokens"] == "subword":
+            import tensorflow_text  # noqa: F401  (the export's `generate` holds SentencePiece ops: load needs them)
         loaded = tf.saved_model.load(export)
         if SIGNATURE not in loaded.signatures:
             raise SampleError(f"{export} has no '{SIGNATURE}' signature; was it a --task=lm run?")
