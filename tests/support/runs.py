@@ -3,6 +3,9 @@ the flags of a run on CPU towers: one place for what the tests that start the tr
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import subprocess
 import sys
 
@@ -35,3 +38,27 @@ def cpu_flags(num_gpus: int | None = 2, **flags) -> list[str]:
         else:
             rendered.append(f"--{name}={value}")
     return rendered
+
+
+LM_SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
+
+
+def trained_lm_run(root, tokens: str, *prepare_flags: str, chars: int, steps: int, batch: int):
+    """`root/records`: `python -m data.prepare text` (in this process) of the default corpus's first `chars`
+    characters as `tokens` (context 32); `root/run`: a `--task=lm` run of `steps` steps on them (LM_SIZES), with
+    its export. For the tests that read a trained language model's run directory or export."""
+    from data import prepare
+    from data import text as text_data
+
+    (root / "text.txt").write_text(text_data.default_corpus()[0][:chars], encoding="utf-8")
+    argv = ["text", str(root / "text.txt"), str(root / "records"), "--context=32", f"--tokens={tokens}"]
+    with contextlib.redirect_stdout(io.StringIO()):  # its --train_data= lines: not a test's output
+        assert prepare.main([*argv, *prepare_flags]) == 0
+    data = [f"--train_data={root / 'records' / 'train-*'}", f"--eval_data={root / 'records' / 'eval-*'}"]
+    env = dict(os.environ, PYTHONPATH=ROOT)  # this checkout's data/ and trainer/, whatever the cwd
+    done = run_trainer(
+        "--device=cpu", "--task=lm", *LM_SIZES, f"--train_steps={steps}", *data, f"--global_batch_size={batch}",
+        f"--model_dir={root / 'run'}", "--export", env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root

@@ -17,15 +17,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import text as text_data
 from models.transformer import transformer_lm
 from tasks import lm_generate, sample
-from tests.support.paths import ROOT
-from tests.support.runs import run_trainer
+from tests.support.runs import trained_lm_run
 
 CHARS = list("\n abcdefgh")
 CONTEXT = 8
-SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
 
 
 def _model(positions: str, vocab: int = len(CHARS)):
@@ -142,35 +139,18 @@ print(json.dumps(texts))
 """
 
 # (prompt, new tokens, seed, temperature, top_k): 4 + 40 tokens pass the context (32); temperature 0 is greedy.
-CASES = [("The ", 40, 3, 1.0, 0), ("class ", 12, 1, 0.8, 5), ("def ", 12, 0, 0.0, 0)]
-
-
-def _trained_run(root, tokens: str, *prepare_flags: str):
-    """Records of the default corpus's first 20,000 characters and a run of 2 steps with its export."""
-    (root / "text.txt").write_text(text_data.default_corpus()[0][:20_000], encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=ROOT)  # this checkout's data/ and trainer/, whatever the cwd
-    prepare = [sys.executable, "-m", "data.prepare", "text", "text.txt", "records", "--context=32"]
-    done = subprocess.run(
-        [*prepare, f"--tokens={tokens}", *prepare_flags], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = [f"--train_data={root / 'records' / 'train-*'}", f"--eval_data={root / 'records' / 'eval-*'}"]
-    done = run_trainer(
-        "--device=cpu", "--task=lm", *SIZES, "--train_steps=2", *data, "--global_batch_size=8",
-        f"--model_dir={root / 'run'}", "--export", env=env, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root / "run"
+CASES = [("The ", 40, 3, 0.8, 5), ("def ", 12, 0, 0.0, 0)]
 
 
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory):
-    return _trained_run(tmp_path_factory.mktemp("generate_char"), "char")
+    """Char records of the default corpus's first 20,000 characters and a run of 2 steps with its export."""
+    return trained_lm_run(tmp_path_factory.mktemp("generate_char"), "char", chars=20_000, steps=2, batch=8) / "run"
 
 
 @pytest.fixture(scope="module")
-def subword_run(tmp_path_factory):
-    return _trained_run(tmp_path_factory.mktemp("generate_subword"), "subword", "--vocab_size=400")
+def subword_run(subword_lm_run):
+    return subword_lm_run / "run"  # tests/tasks/conftest.py: test_lm_subword's run
 
 
 @pytest.mark.parametrize("tokens", ["char", "subword"])

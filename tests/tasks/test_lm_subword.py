@@ -9,45 +9,19 @@ import glob
 import hashlib
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
 from data import subword
-from data import text as text_data
 from tasks import sample
-from tests.support.paths import ROOT
-from tests.support.runs import run_trainer
-
-SIZES = ("--lm_layers=1", "--lm_heads=2", "--lm_width=16", "--lm_context=32")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Subword records (vocabulary 400) of the default corpus's first 40,000 characters, and a run of 3 steps."""
-    root = tmp_path_factory.mktemp("lm_subword")
-    (root / "text.txt").write_text(text_data.default_corpus()[0][:40_000], encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=ROOT)  # this checkout's data/ and trainer/, whatever the cwd
-    prepare = [sys.executable, "-m", "data.prepare", "text", "text.txt", "records", "--context=32"]
-    done = subprocess.run(
-        [*prepare, "--tokens=subword", "--vocab_size=400"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = [f"--train_data={root / 'records' / 'train-*'}", f"--eval_data={root / 'records' / 'eval-*'}"]
-    done = run_trainer(
-        "--device=cpu", "--task=lm", *SIZES, "--train_steps=3", *data, "--global_batch_size=16",
-        f"--model_dir={root / 'run'}", "--export", env=env, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root
+def run(subword_lm_run):
+    """Subword records (vocabulary 400) of the default corpus's first 40,000 characters, and a run of 3 steps
+    (tests/tasks/conftest.py: the run test_lm_generate reads too)."""
+    return subword_lm_run
 
 
 def test_a_run_on_subword_records_counts_the_bytes_its_targets_stand_for(run):
