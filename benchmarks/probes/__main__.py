@@ -15,6 +15,7 @@ COMMANDS = {
     "keras_spe": "benchmarks.probes.keras_spe",
     "profile_summary": "benchmarks.probes.profile_summary",
     "lm_padding": "benchmarks.probes.lm_padding",
+    "lm_generate": "benchmarks.probes.lm_generate",
     "dtensor": "benchmarks.probes.dtensor",
     "pipeline_schedule": "benchmarks.probes.pipeline_schedule",
     "pipeline_memory": "benchmarks.probes.pipeline_memory",
