@@ -12,15 +12,17 @@ model maps token ids [B, T] to logits [B, T, vocab]. Build it with ``transformer
 Layout: token embedding (+ learned positions, or rotary positions applied to queries and keys), ``layers``
 pre-LayerNorm blocks (causal self-attention, then a GELU MLP of 4x width), a final LayerNorm and an untied
 linear head without bias (nanoGPT ties the head to the embedding; untied keeps each variable one layer's).
-``cached_call`` is the incremental path of generation (tasks/lm_generate.py): the keys and values of earlier
-positions are kept per block in a cache of ``context`` positions, so a new position costs one position's
-projections and MLP and attention over the positions before it; it computes what ``call`` computes at those
-positions (the same ops on the real keys, no padding), for learned and rotary positions.
 Attention is this module's own: rotary positions act between the projection and the scores, which
 ``keras.layers.MultiHeadAttention`` does not expose. A padding key is never attended to, so the logits at
 real positions do not depend on what padding holds. Logits are float32 whatever the dtype policy (under
 mixed precision the blocks compute in 16 bits; the head's output is cast, as the trainer does for the
 registry's models).
+
+``cached_call`` is the incremental path of generation (tasks/lm_generate.py): the keys and values of earlier
+positions are kept per block in a cache of ``context`` positions, so a new position costs one position's
+projections and MLP, and attention over the positions up to it. It computes ``call``'s ops at those positions
+on the same real keys (no padding), for learned and rotary positions: the same logits to float32 rounding (a
+LayerNorm or matmul over one row may round otherwise than over T rows).
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ class Generator(tf.Module):
         self.model, self.tokens = model, tokens
 
     def generate(self, prompt, max_new_tokens, seed, temperature, top_k):
+        """{"text": the prompt and its continuation, "tokens": their ids} (SPECS; the module docstring)."""
         checks = [
             tf.debugging.assert_non_negative(max_new_tokens, message="generate: max_new_tokens must be >= 0"),
             tf.debugging.assert_non_negative(top_k, message="generate: top_k must be >= 0 (0: all tokens)"),
@@ -178,7 +179,9 @@ class Draw:
             seed = tf.stack([self.seed, tf.cast(index, tf.int64)])
             return tf.cast(tf.random.stateless_categorical(scaled, 1, seed=seed)[0], tf.int32)
 
-        greedy = lambda: tf.argmax(logits, axis=-1, output_type=tf.int32)  # noqa: E731
+        def greedy():
+            return tf.argmax(logits, axis=-1, output_type=tf.int32)  # the lowest id on a tie
+
         return tf.cond(self.temperature > 0, sampled, greedy)
 
     def _top_k(self, logits):
