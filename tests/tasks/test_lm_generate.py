@@ -76,8 +76,7 @@ def test_cached_call_gives_the_full_calls_logits(positions):
     assert len(cache) == 2 and cache[0][0].shape == (1, 2, CONTEXT, 8)
 
 
-@pytest.mark.quick
-@pytest.mark.parametrize("positions", ["learned", "rotary"])
+@pytest.mark.parametrize("positions", [pytest.param("learned", marks=pytest.mark.quick), "rotary"])
 def test_greedy_generate_is_the_full_calls_argmax(positions):
     """14 new tokens after 2: past the context (8), where the window slides and each step runs it whole."""
     model, generate = _generator(positions)
@@ -90,7 +89,6 @@ def test_greedy_generate_is_the_full_calls_argmax(positions):
     assert len(set(greedy[2:])) > 1  # not one token repeated: the test would hold for a constant model
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 40)])
 def test_byte_draws_and_decoding_are_the_samplers(temperature, top_k):
     """An untrained byte model draws bytes that are rarely whole UTF-8 characters: each becomes U+FFFD as
