@@ -63,7 +63,7 @@ def _main(argv: list[str]) -> int:
     config = dataclasses.replace(config, flags_text=header + tf_flags.flagfile_text(FLAGS))  # a record, not a setting
     plan = dataclasses.replace(plan, config=config)
 
-    with console.native_stderr_filtered(level):
+    with console.native_stderr_filtered(level), runtime.without_optional_packages():
         from trainer.system import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
     if tasks.num_tasks == 1:

@@ -12,7 +12,9 @@ up (tests, a second `train` call) runs; a change that has become impossible rais
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 from trainer.settings.config import ConfigError, RuntimeConfig, grappler_options
 
@@ -32,6 +34,29 @@ def environment(config: RuntimeConfig, deterministic: bool) -> dict[str, str]:
     if autotune != "auto":
         env[AUTOTUNE_ENV] = _ENV_VALUES[autotune]
     return env
+
+
+# Packages that TensorFlow's and Keras's own imports load when they are installed, each inside `try: ...
+# except ImportError`, for what a training process never uses: IPython for Keras's notebook display
+# (keras.src.saving.file_editor), scipy.sparse for the legacy tf.keras's sparse inputs, scikit-learn for Keras's
+# scikit-learn wrappers. Most research environments have them: 1.0 CPU-s of the 3.8 that `import tensorflow,
+# keras` takes with IPython and SciPy installed (1.4 with scikit-learn too), at every start of every task.
+OPTIONAL_PACKAGES = ("IPython", "scipy", "sklearn")
+
+
+@contextlib.contextmanager
+def without_optional_packages():
+    """Within the block, `import` of an OPTIONAL_PACKAGES package not yet imported raises ImportError (TensorFlow
+    and Keras then go on without the feature); after it, each imports as usual (a user's task may use SciPy)."""
+    hidden = [name for name in OPTIONAL_PACKAGES if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # the import system's "not available" mark
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def apply(config: RuntimeConfig, deterministic: bool) -> None:

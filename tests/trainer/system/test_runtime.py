@@ -97,3 +97,29 @@ def test_a_change_after_device_start_is_refused_clearly():
     current = tf.config.threading.get_intra_op_parallelism_threads()
     with pytest.raises(cfg.ConfigError, match="--intra_op_threads=.* cannot be applied: TensorFlow's devices are"):
         runtime.apply(cfg.RuntimeConfig(intra_op_threads=current + 3), deterministic=False)
+
+
+def test_tensorflow_imports_without_the_optional_packages_which_import_after_it():
+    """IPython and SciPy (installed here: CI's image and most research environments have them) stay out of
+    TensorFlow's and Keras's import, and a user's code imports them afterwards as usual."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    missing = [name for name in ("IPython", "scipy") if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {missing}")
+    code = (
+        "import sys\n"
+        "from trainer.system import runtime\n"
+        "with runtime.without_optional_packages():\n"
+        "    import tensorflow, keras\n"
+        "print(sorted(n for n in runtime.OPTIONAL_PACKAGES if n in sys.modules))\n"
+        "import IPython, scipy.sparse\n"
+        "print(sorted(n for n in ('IPython', 'scipy') if sys.modules.get(n) is not None))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["[]", "['IPython', 'scipy']"]
