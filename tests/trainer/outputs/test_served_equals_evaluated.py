@@ -1,15 +1,15 @@
 """What the SavedModel serves is what the run evaluated (issue #20), for every --augment and --normalize value.
 
 Each case trains briefly on real image records (`python -m data.prepare synthetic`, 32x32x3, PNG or JPEG),
-then two fresh processes answer for the same eval files: the trainer's own eval pipeline and model (its flags
-from flags.txt, `trainer.loop.build.build`, the final checkpoint restored, `Evaluator.predictions`: the towers,
-split and graph that computed metrics.json's eval_accuracy), and a client that imports only TensorFlow and
-feeds the export the eval records' encoded images (`serving_default`), their decoded uint8 pixels
-(`predict_uint8`) and pixels / 255 (`predict_float`). Five runs cover each augmentation and each
-normalization (custom: per channel and one for all) at least once. The model is the mlp: the cnn's BatchNorm
-statistics are still far from the batches' after a few dozen steps, and its eval answers at chance. The JPEG
-records (smooth, photo-like class templates) survive crops and flips; under imagenet eval decodes only the
-crop of a JPEG (`decode_and_crop_jpeg`) while the client decodes it whole.
+then two fresh processes, each answering for all five runs, answer for the same eval files: the trainer's own
+eval pipeline and model (its flags from flags.txt, `trainer.loop.build.build`, the final checkpoint restored,
+`Evaluator.predictions`: the towers, split and graph that computed metrics.json's eval_accuracy), and a client
+that imports only TensorFlow and feeds the export the eval records' encoded images (`serving_default`), their
+decoded uint8 pixels (`predict_uint8`) and pixels / 255 (`predict_float`). Five runs cover each augmentation
+and each normalization (custom: per channel and one for all) at least once. The model is the mlp: the cnn's
+BatchNorm statistics are still far from the batches' after a few dozen steps, and its eval answers at chance.
+The JPEG records (smooth, photo-like class templates) survive crops and flips; under imagenet eval decodes
+only the crop of a JPEG (`decode_and_crop_jpeg`) while the client decodes it whole.
 """
 
 import json
@@ -22,7 +22,6 @@ import pytest
 
 from tests.support.paths import ROOT
 from tests.support.runs import cpu_flags
-from tests.support.served import RESTORED_EVAL
 
 CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
 CASES = [  # (augment, normalize, image format)
@@ -34,34 +33,45 @@ CASES = [  # (augment, normalize, image format)
 ]
 SIGNATURES = ("serving_default", "predict_uint8", "predict_float")
 
-# The trainer's eval, in a fresh process: the run's own flags, built and restored as a resume would be.
-_EVAL = (
-    RESTORED_EVAL
-    + r"""
-logits, labels = np.concatenate(outputs), np.concatenate([labels for _, labels in batches])
-print(json.dumps({"logits": logits.tolist(), "labels": labels.tolist()}))
-"""
-)
+# The trainer's eval of each run in argv, in one fresh process: the run's own flags, built and restored as a
+# resume would be. One JSON line per run.
+_EVAL = r"""
+import json, sys
+import numpy as np
+from absl import flags
+from trainer.loop.build import build
+from trainer.settings import flags as tf_flags
 
-# A client in a fresh process: only TensorFlow, the export and the eval files.
+tf_flags.define_flags()
+for run in sys.argv[1:]:
+    flags.FLAGS(["eval", f"--flagfile={run}/flags.txt"])  # every flag: flags.txt lists them all
+    trainer = build(tf_flags.config_from_flags(flags.FLAGS))
+    assert trainer.checkpointer.restore_latest() is not None
+    outputs, batches = trainer.evaluator.predictions()
+    logits, labels = np.concatenate(outputs), np.concatenate([labels for _, labels in batches])
+    print(json.dumps({"logits": logits.tolist(), "labels": labels.tolist()}))
+"""
+
+# A client in one fresh process: only TensorFlow, each export (argv: export, eval files, ...) and its eval files.
 _CLIENT = r"""
 import json, sys
 import tensorflow as tf
 
-serve = tf.saved_model.load(sys.argv[1]).signatures
 spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string), "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
-files = sorted(tf.io.gfile.glob(sys.argv[2]))
-records = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files)]
-encoded = [r["image/encoded"] for r in records]
-images = tf.stack([tf.io.decode_image(e, channels=3, expand_animations=False) for e in encoded])
-inputs = {
-    "serving_default": {"image_bytes": tf.stack(encoded)},
-    "predict_uint8": {"images": images},
-    "predict_float": {"images": tf.cast(images, tf.float32) / 255.0},
-}
-report = {name: serve[name](**kwargs)["logits"].numpy().tolist() for name, kwargs in inputs.items()}
-report["labels"] = [int(r["image/class/label"]) for r in records]
-print(json.dumps(report))
+for export, eval_files in zip(sys.argv[1::2], sys.argv[2::2]):
+    serve = tf.saved_model.load(export).signatures
+    files = sorted(tf.io.gfile.glob(eval_files))
+    records = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files)]
+    encoded = [r["image/encoded"] for r in records]
+    images = tf.stack([tf.io.decode_image(e, channels=3, expand_animations=False) for e in encoded])
+    inputs = {
+        "serving_default": {"image_bytes": tf.stack(encoded)},
+        "predict_uint8": {"images": images},
+        "predict_float": {"images": tf.cast(images, tf.float32) / 255.0},
+    }
+    report = {name: serve[name](**kwargs)["logits"].numpy().tolist() for name, kwargs in inputs.items()}
+    report["labels"] = [int(r["image/class/label"]) for r in records]
+    print(json.dumps(report))
 """
 
 
@@ -72,10 +82,8 @@ def _python(*args, timeout=300) -> str:
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def _records(base) -> dict:
     """format -> records directory: 32x32x3 synthetic images, 10 classes, 1000 train and 200 eval examples."""
-    base = tmp_path_factory.mktemp("served")
     made = {}
     for image_format in ("png", "jpeg"):
         out = base / image_format
@@ -85,36 +93,54 @@ def records(tmp_path_factory):
     return made
 
 
+def _json_lines(stdout: str, count: int) -> list[dict]:
+    return [json.loads(line) for line in stdout.strip().splitlines()[-count:]]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict:
+    """(augment, normalize, format) -> (run dir, eval glob, the trainer's eval, the client's answers): each case
+    trained by its own `python -m trainer`; then every run's eval in one fresh process and every export's
+    client in another (one TensorFlow start each, not one per case)."""
+    base = tmp_path_factory.mktemp("served")
+    records, runs = _records(base), {}
+    for case in CASES:
+        augment, normalize, image_format = case
+        run, eval_glob = base / f"run-{augment}-{normalize}-{image_format}", str(records[image_format] / "eval-*")
+        flags = cpu_flags(
+            model="mlp",
+            train_data=records[image_format] / "train-*",
+            eval_data=eval_glob,
+            num_classes=10,
+            augment=augment,
+            normalize=normalize,
+            global_batch_size=32,
+            train_steps=40,
+            eval_every_steps=0,
+            log_every_steps=40,
+        )
+        _python("-m", "trainer", *flags, f"--model_dir={run}")
+        runs[case] = (run, eval_glob)
+    evaluated = _json_lines(_python("-c", _EVAL, *(str(run) for run, _ in runs.values())), len(CASES))
+    pairs = [arg for run, eval_glob in runs.values() for arg in (str(run / "export" / "40"), eval_glob)]
+    answered = _json_lines(_python("-c", _CLIENT, *pairs), len(CASES))
+    return {case: (*runs[case], evaluated[i], answered[i]) for i, case in enumerate(CASES)}
+
+
 @pytest.mark.parametrize(("augment", "normalize", "image_format"), CASES)
-def test_export_serves_what_eval_evaluated(records, tmp_path, augment, normalize, image_format):
-    data_dir, run = records[image_format], tmp_path / "run"
-    eval_glob = str(data_dir / "eval-*")
-    flags = cpu_flags(
-        model="mlp",
-        train_data=data_dir / "train-*",
-        eval_data=eval_glob,
-        num_classes=10,
-        augment=augment,
-        normalize=normalize,
-        global_batch_size=32,
-        train_steps=40,
-        eval_every_steps=0,
-        log_every_steps=40,
-    )
-    _python("-m", "trainer", *flags, f"--model_dir={run}")
+def test_export_serves_what_eval_evaluated(served, augment, normalize, image_format):
+    run, _, evaluated, served_logits = served[augment, normalize, image_format]
     metrics = json.loads((run / "metrics.json").read_text())
     assert (metrics["augment"], metrics["normalize"]) == (augment, normalize)
-    evaluated = json.loads(_python("-c", _EVAL, str(run)).strip().splitlines()[-1])
     labels, eval_logits = np.array(evaluated["labels"]), np.array(evaluated["logits"])
     eval_classes = np.argmax(eval_logits, axis=-1)
     assert len(labels) == metrics["eval_examples"] == 200
     assert abs(np.mean(eval_classes == labels) - metrics["eval_accuracy"]) < 1e-9  # the same eval, recomputed
     assert metrics["eval_accuracy"] > 0.3  # learned something (chance: 0.1), so the comparison means something
 
-    served = json.loads(_python("-c", _CLIENT, str(run / "export" / "40"), eval_glob).strip().splitlines()[-1])
-    assert served["labels"] == labels.tolist()  # the same examples in the same order
+    assert served_logits["labels"] == labels.tolist()  # the same examples in the same order
     for name in SIGNATURES:
-        logits = np.array(served[name])
+        logits = np.array(served_logits[name])
         classes = np.argmax(logits, axis=-1)
         # The same preprocessing and model: the logits too, up to the batch's arithmetic (eval splits it).
         np.testing.assert_allclose(logits, eval_logits, rtol=1e-4, atol=1e-4, err_msg=name)
