@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,15 +16,17 @@ import time
 import pytest
 
 from launch.submit import slurm as launcher
+from tests.support.holds import held, trainer_pids
 from tests.support.paths import ROOT
 from tests.support.runs import run_trainer
 
 pytestmark = pytest.mark.slurm
 
-# 10-13 ms steps on 2 cores: 50-65 s of training, longer than the 15-45 s a --time=1 job with a 15 s warning
-# runs before it (so that job needs at least one requeue), and long enough to interrupt the others mid-run.
-# (4000 steps once finished inside the 20-50 s of a 10 s warning: no requeue, a failed test.)
-TRAIN_STEPS = 5000
+# Each interruption is asked for while the job's trainer is held still at a step (tests/support/holds.py), so a
+# job needs no length of its own to outlast the signal's arrival: 600 steps (the jobs were 5,000 steps, 50-65 s
+# of training, so that a --time=1 job still trained when its warning came 15-45 s in; 18 attempts once).
+TRAIN_STEPS = 600
+HOLD_AT = 200
 TRAINER_FLAGS = [
     "--device=cpu",
     "--num_gpus=2",
@@ -32,7 +35,7 @@ TRAINER_FLAGS = [
     "--deterministic",
     "--seed=5",
     f"--train_steps={TRAIN_STEPS}",
-    "--log_every_steps=100",
+    "--log_every_steps=50",
     "--eval_every_steps=0",
     "--checkpoint_every_steps=0",  # only the checkpoints a stop writes, and the final one
     "--histogram_every_steps=0",
@@ -123,23 +126,27 @@ def test_a_short_job_finishes_and_names_its_job(capsys, slurm_env, tmp_path):
 
 @pytest.fixture(scope="module")
 def requeued_then_preempted(local_slurm, tmp_path_factory) -> tuple[int, str, int]:
-    """One job for two tests: `scontrol requeue` at step 500 of its first attempt, then preempted by an urgent
-    job 500 steps into its second. Returns the job id, its model_dir and the urgent job's id."""
+    """One job for two tests: `scontrol requeue` at step 200 of its first attempt, then preempted by an urgent
+    job 200 steps into its second, each asked for while the trainer is held at that step. Returns the job id,
+    its model_dir and the urgent job's id."""
     model_dir = tmp_path_factory.mktemp("interrupted") / "run"
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
         for name, value in {**local_slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
             patch.setenv(name, value)  # sbatch and scontrol here, and the job (sbatch exports them)
         assert launcher.main([f"--model_dir={model_dir}", "--cpus_per_task=1", "--", *TRAINER_FLAGS]) == 0
         job_id = int(re.search(r"^submitted job (\d+)$", out.getvalue(), re.MULTILINE).group(1))
-        _wait_for_log(model_dir, job_id, r"step +500/")
-        subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
+        _wait_for_log(model_dir, job_id, rf"step +{HOLD_AT}/")
+        with held(trainer_pids(model_dir), signal.SIGTERM):
+            subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
     log = _wait_for_log(model_dir, job_id, r"resumed from .* at step \d+")  # the second attempt (the first is fresh)
     resumed = int(re.search(r"resumed from .* at step (\d+)", log).group(1))
-    _wait_for_log(model_dir, job_id, rf"step +{(resumed // 100 + 5) * 100}/")
+    _wait_for_log(model_dir, job_id, rf"step +{(resumed // 50) * 50 + HOLD_AT}/")
     urgent_log = f"--output={model_dir}.urgent.log"
-    urgent = local_slurm.sbatch(
-        ["-p", "urgent", f"--cpus-per-task={local_slurm.cpus}", urgent_log, "--wrap", "sleep 2"], cwd=model_dir.parent
-    )
+    with held(trainer_pids(model_dir), signal.SIGTERM):
+        urgent = local_slurm.sbatch(
+            ["-p", "urgent", f"--cpus-per-task={local_slurm.cpus}", urgent_log, "--wrap", "sleep 2"],
+            cwd=model_dir.parent,
+        )
     return job_id, str(model_dir), urgent
 
 
@@ -154,10 +161,15 @@ def test_scontrol_requeue_mid_run_resumes_bitwise(slurm_env, requeued_then_preem
 
 def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
     model_dir = tmp_path / "timelimit"
-    # --time=1 with a 15 s warning: SIGUSR1 comes 15-45 s into every attempt (Slurm checks every ~30 s). On a
-    # loaded machine an attempt's start-up can outlast that (27 s once, in CI): that attempt trains nothing and
-    # is requeued as one without progress, which the default --max_requeues=3 allows three times in a row.
+    # --time=1 with a 15 s warning: SIGUSR1 comes 15-45 s into every attempt (slurmctld checks every 30 s). The
+    # trainer is held at step 200 until the warning is pending, so the first attempt that gets there trains and
+    # is requeued. On a loaded machine an attempt's start-up can outlast the window (27 s once, in CI): that
+    # attempt trains nothing and is requeued as one without progress, which --max_requeues=3 allows three times
+    # in a row. A later attempt may be warned again before it ends: another requeue, counted the same way.
     job_id = _submit(capsys, model_dir, "--time=1", "--warning_sec=15")
+    _wait_for_log(model_dir, job_id, rf"step +{HOLD_AT}/")
+    with held(trainer_pids(model_dir), signal.SIGUSR1, timeout_sec=90):
+        pass
     metrics = _assert_resumed_exactly(slurm_env, job_id, model_dir, reference_sha256, every_attempt_trains=False)
     requeued = [a for a in metrics["attempts"] if a["outcome"].startswith("requeued for the time limit")]
     assert len(requeued) == len(metrics["attempts"]) - 1 >= 1
@@ -191,9 +203,9 @@ TASK_FLAGS = [
     "--cluster_timeout_sec=120",
 ]
 SHORT_STEPS = 12
-# ~25-40 ms per step across two tasks on 2 cores: the requeue comes at step 80, 520 steps (13-20 s) before the
-# end, long enough for the SIGTERM to land mid-run (1500 steps did the same in 40 s more of the job and reference).
-LONG_STEPS = 600
+# The requeue is asked for at step 80 while both tasks are held there (tests/support/holds.py): 160 steps leave
+# 80 to train after the resume (600 steps did, for the SIGTERM to land mid-run by luck: 13-20 s more per run).
+LONG_STEPS = 160
 
 
 def _task_flags(steps: int, *extra: str) -> list[str]:
@@ -295,8 +307,9 @@ def test_two_tasks_requeued_mid_run_resume_bitwise(capsys, slurm_env, tmp_path, 
     reference_sha256 = long_reference_sha256
     model_dir = tmp_path / "requeued"
     job_id = _submit_tasks(capsys, model_dir, LONG_STEPS)
-    _wait_for_log(model_dir, job_id, rf"step +{LONG_STEPS // 15 * 2}/")
-    subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
+    _wait_for_log(model_dir, job_id, rf"step +{LONG_STEPS // 2}/")
+    with held(trainer_pids(model_dir), signal.SIGTERM):
+        subprocess.run(["scontrol", "requeue", str(job_id)], check=True, env=os.environ)
     info = slurm_env.wait_for_state(job_id, DONE, timeout_sec=400)
     log = _log(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
