@@ -17,13 +17,16 @@ import pytest
 from launch.testslurm import node_slurm as node_lib
 from launch.testslurm import slurm_daemons
 from tests.support.cluster import Job, metrics, slurm_task_pid
+from tests.support.holds import stopped, trainer_pids
 from tests.support.node_jobs import DONE, log_of, submit, wait_for_step_of_restart
 
 pytestmark = pytest.mark.twonode
 
-# ~12 ms a step across the two nodes on 2 cores: the faults come at step 300 to 900, with room after them.
-STEPS = 1200
-LAYOUT = ("--micro_batches=4", "--global_batch_size=64", f"--train_steps={STEPS}", "--seed=5", "--log_every_steps=100")
+# ~12 ms a step across the two nodes on 2 cores. The faults come at step 150 to 450, each at a step the test
+# sees in the log: a kill or a freeze at once, a network cut while the tasks are held still (tests/support/holds.py),
+# so that no fault needs training after it to land mid-run (the jobs were 1,200 steps for that).
+STEPS = 600
+LAYOUT = ("--micro_batches=4", "--global_batch_size=64", f"--train_steps={STEPS}", "--seed=5", "--log_every_steps=50")
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +112,23 @@ def test_cut_takes_a_nodes_link_down_for_that_long_only(two_node_slurm):
 
 
 def _submit_and_cut(slurm, model_dir, seconds: float, *extra: str) -> int:
-    """Submits the long job and takes tfn2's link down for `seconds` once it trains (step 300 to 600)."""
+    """Submits the job and, once it trains (step 150 to 300), takes tfn2's link down for `seconds`: the tasks
+    are held still until the link is down, so the cut comes before the job's end on any machine."""
     job_id = _submit(slurm, model_dir, (*LAYOUT, *extra))
-    deadline = time.monotonic() + 120
-    while not re.search(r"step +(3|4|5|6)00/", log_of(model_dir, job_id)):
-        assert time.monotonic() < deadline, log_of(model_dir, job_id)[-3000:]
-        time.sleep(0.2)
-    slurm.cut("tfn2", seconds)
+    _wait_for_log(model_dir, job_id, r"^0: step +(150|200|250|300)/", 120)
+    outage = threading.Thread(target=slurm.cut, args=("tfn2", seconds))
+    with stopped(trainer_pids(model_dir)):
+        outage.start()
+        _wait_until_down(2)
+    outage.join()
     return job_id
+
+
+def _wait_until_down(node: int) -> None:
+    deadline = time.monotonic() + 60
+    while " DOWN " not in node_lib.NET.link(node):
+        assert time.monotonic() < deadline, node_lib.NET.link(node)
+        time.sleep(0.05)
 
 
 def test_a_network_outage_shorter_than_the_peer_timeout_is_ridden_out(short_outage_job, one_process_sha256):
@@ -167,11 +179,12 @@ def test_a_cut_of_the_chiefs_node_past_the_first_requeue_is_ridden_out_and_the_j
     while tfn1 still cannot reach the controller. The link stays down until two tries have failed; the next one gets
     through, and the job comes back by itself and finishes with the weights of one process."""
     model_dir = tmp_path / "chief-outage"
-    flags = (*LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=250")
+    flags = (*LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=125")
     job_id = _submit(two_node_slurm, model_dir, flags)
-    _wait_for_log(model_dir, job_id, r"^0: step +(3|4|5|6)00/", 120)  # a checkpoint at 250: progress to requeue
+    _wait_for_log(model_dir, job_id, r"^0: step +(150|200|250|300)/", 120)  # a checkpoint at 125: progress to requeue
     unanswered = rf"^=== towerflow: requeue of job {job_id}: no answer from Slurm's controller \(exited 1: (.*)\);"
-    node_lib.NET.set_link(1, up=False)
+    with stopped(trainer_pids(model_dir)):  # the link down before the job can end
+        node_lib.NET.set_link(1, up=False)
     cut = time.monotonic()
     try:
         first = _wait_for_log(model_dir, job_id, unanswered, 150)
@@ -208,12 +221,12 @@ def test_a_killed_worker_a_frozen_worker_and_a_killed_chief_each_requeue_the_job
     margin, the job requeues itself, and the fourth attempt finishes with the weights of one process. Three
     requeues with --max_requeues=1: each attempt checkpointed new steps, so none is capped."""
     model_dir = tmp_path / "faults"
-    flags = (*LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=250", "--max_requeues=1")
+    flags = (*LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=125", "--max_requeues=1")
     job_id = _submit(two_node_slurm, model_dir, flags)
     faults = [(1, signal.SIGKILL), (1, signal.SIGSTOP), (0, signal.SIGKILL)]
     try:
         for restart, (task, fault) in enumerate(faults):
-            wait_for_step_of_restart(model_dir, job_id, restart, 300 * (restart + 1))
+            wait_for_step_of_restart(model_dir, job_id, restart, 150 * (restart + 1))
             os.kill(slurm_task_pid(job_id, task), fault)
             faulted = time.monotonic()
             wait_for_step_of_restart(model_dir, job_id, restart + 1, 1)
@@ -247,9 +260,9 @@ def test_under_slurms_default_requeue_hold_a_lost_node_resumes_on_the_one_node_l
     weights of one process."""
     slurm = node_slurm(2, cred_expire_sec=None)  # a restart; the fixtures of later tests restart it with the short one
     model_dir = tmp_path / "drained"
-    job_id = _submit(slurm, model_dir, (*LAYOUT, "--checkpoint_every_steps=250"), nodes="1-2")
+    job_id = _submit(slurm, model_dir, (*LAYOUT, "--checkpoint_every_steps=125"), nodes="1-2")
     try:
-        wait_for_step_of_restart(model_dir, job_id, 0, 300)
+        wait_for_step_of_restart(model_dir, job_id, 0, 150)
         slurm.set_state("tfn2", "DRAIN")
         os.kill(slurm_task_pid(job_id, 1), signal.SIGKILL)
         lost = time.monotonic()
@@ -262,7 +275,7 @@ def test_under_slurms_default_requeue_hold_a_lost_node_resumes_on_the_one_node_l
     log = log_of(model_dir, job_id)
     assert (info["JobState"], info["ExitCode"], info["Restarts"], info["NodeList"]) == ("COMPLETED", "0:0", "1", "tfn1")
     first, second = metrics(model_dir)["attempts"]
-    assert first["outcome"].startswith("requeued after a lost task (requeue 1, after ") and first["step"] >= 250
+    assert first["outcome"].startswith("requeued after a lost task (requeue 1, after ") and first["step"] >= 125
     assert second["resumed_from_step"] == first["step"] and second["outcome"] == "finished"
     assert metrics(model_dir)["num_tasks"] == 1, log[-3000:]
     assert metrics(model_dir)["weights_sha256"] == one_process_sha256

@@ -58,23 +58,30 @@ def pending(pid: int) -> set[int]:
 
 
 @contextlib.contextmanager
-def held(pids: list[int], until: signal.Signals, timeout_sec: float = 120.0):
-    """Stops the processes `pids` for the `with` body, which asks Slurm for a signal. On leaving, waits until
-    `until` is pending for each, or Slurm continued it, or it is gone, or `timeout_sec` passed (the signal may
-    have come just before the stop: the test's own assertions on the job then say what happened), and
-    continues them."""
+def stopped(pids: list[int]):
+    """The processes `pids` stopped (SIGSTOP) for the `with` body, continued (SIGCONT) after it."""
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 30
-    while any(_state(pid) not in ("T", None) for pid in pids):  # stopped (or gone)
-        assert time.monotonic() < deadline, f"processes {pids} did not stop"
-        time.sleep(0.05)
     try:
+        deadline = time.monotonic() + 30
+        while any(_state(pid) not in ("T", None) for pid in pids):  # stopped (or gone)
+            assert time.monotonic() < deadline, f"processes {pids} did not stop"
+            time.sleep(0.05)
         yield
-        deadline = time.monotonic() + timeout_sec
-        while any(until not in pending(p) and _state(p) == "T" for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def held(pids: list[int], until: signal.Signals, timeout_sec: float = 120.0):
+    """The processes `pids` stopped for the `with` body, which asks Slurm for a signal. On leaving, waits until
+    `until` is pending for each, or Slurm continued it, or it is gone, or `timeout_sec` passed (the signal may
+    have come just before the stop: the test's own assertions on the job then say what happened), and
+    continues them."""
+    with stopped(pids):
+        yield
+        deadline = time.monotonic() + timeout_sec
+        while any(until not in pending(p) and _state(p) == "T" for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
