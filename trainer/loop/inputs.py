@@ -91,7 +91,11 @@ class PlacedIterator:
     def restart(self) -> None:
         """(Re)builds the stream at `position`."""
         position = tuple(int(v) for v in self.position.numpy())
-        with tf.device(self.device):
+        # On another task's host the iterator is made by remote eager ops, which run asynchronously: a step
+        # could reach that host first and read an iterator not yet made ("GetNext() failed because the iterator
+        # has not been initialized", seen once in a 2-task run on a loaded machine). The scope's end waits for
+        # every executor, local and remote (`sync_executors`).
+        with tf.device(self.device), tf.experimental.async_scope():
             self.iterator = iter(graphs.pipelines(self._make_dataset)(position))
         spec = self.iterator.element_spec
         self.element_spec = spec[0] if self._positioned else spec  # of one batch
