@@ -36,9 +36,9 @@ def stats(model_sizes: dict, parameters: int, peak) -> dict:
 
 def keras_hub_inputs(tokens: np.ndarray, lengths: np.ndarray) -> tuple:
     """({"token_ids", "padding_mask"}, targets, mask) of records `tokens` [..., T + 1]: `lm.keras_batches` in
-    GPT-2's input names (an input is real exactly where its target is)."""
+    GPT-2's input names and dtypes (an input is real exactly where its target is)."""
     (ids, _), targets, mask = lm.keras_batches(tokens, lengths)
-    return {"token_ids": ids, "padding_mask": mask.astype(bool)}, targets, mask
+    return {"token_ids": ids, "padding_mask": mask.astype(np.int32)}, targets, mask
 
 
 class KerasHubFitSide(reference.KerasFitSide):
