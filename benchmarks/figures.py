@@ -45,6 +45,7 @@ PEER_NAMES = (
     "lm_tower1_vs_nanogpt_torch",
     "lm_tower2_vs_nanogpt_torch",
     "lm_tower4_vs_nanogpt_torch",
+    "lm_tower1_vs_nanogpt_torch_1thread",
 )
 # Figures also run on the compute-bound setting (full run); the others take too long there: 100-step
 # histogram windows of 0.3 s steps, fp16 without CPU kernels, async threads at 4 towers. The runtime and
@@ -92,7 +93,11 @@ def peer_figures(setting: Setting) -> list[Figure]:
                group=group)
         for n in (1, 2, 4)
     ]  # fmt: skip
-    return hub + torch
+    # PyTorch's two OpenMP threads wait for each other at every op, which costs most when other jobs share the
+    # cores; one thread does not wait (benchmarks/results/lm-peers.md).
+    one_thread = Figure(f"{setting.task}_tower1_vs_nanogpt_torch_1thread", setting, TOWERFLOW,
+                        Side("nanogpt_torch", intra_op_threads=1), group=group)  # fmt: skip
+    return hub + torch + [one_thread]
 
 
 def augment_kind(setting: Setting) -> str:

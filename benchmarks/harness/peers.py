@@ -4,7 +4,7 @@
 random weights, nothing downloaded), compiled and run in `fit` exactly as `reference.KerasFitSide` runs towerflow's
 own model (one device, or MirroredStrategy over 2 or 4 logical CPUs), on the same memory batches.
 "nanogpt_torch": nanoGPT's model in PyTorch on the CPU (benchmarks/harness/nanogpt_torch.py), one process with
-one thread per core, its own training loop over the same batches as tensors.
+one thread per core (or `Side.intra_op_threads`), its own training loop over the same batches as tensors.
 
 Both are benchmark-only extras (`pip install -e .[peers]`), imported here on first use: never by the trainer.
 Every side has the sizes of `lm.task_config(setting)` and the references' optimizer (SGD, momentum 0.9).
@@ -78,12 +78,12 @@ class KerasHubFitSide(reference.KerasFitSide):
 class NanoGptTorchSide:
     """nanoGPT's model trained in PyTorch: forward, masked cross-entropy, backward, SGD step, per batch."""
 
-    def __init__(self, setting: Setting, records: dict):
+    def __init__(self, setting: Setting, records: dict, threads: int):
         import torch
 
         from benchmarks.harness import nanogpt_torch
 
-        torch.set_num_threads(len(os.sched_getaffinity(0)))  # one thread per core, as PyTorch's default on a box
+        torch.set_num_threads(threads)
         torch.manual_seed(reference.SEED)
         self.global_batch_size = setting.global_batch_size
         self.sizes = sizes(setting, records)
@@ -135,5 +135,6 @@ def make_side(side: Side, setting: Setting, records: dict):
     if side.kind == "keras_hub_fit":
         return KerasHubFitSide(setting, records, side.towers, side.steps_per_execution, side.keras_accuracy)
     if side.kind == "nanogpt_torch" and side.towers == 1:
-        return NanoGptTorchSide(setting, records)
+        # one thread per core, PyTorch's default on a machine of its own; or the side's intra-op threads
+        return NanoGptTorchSide(setting, records, side.intra_op_threads or len(os.sched_getaffinity(0)))
     raise ValueError(f"no peer side {side.kind!r} on {side.towers} device(s): keras_hub_fit, or nanogpt_torch on 1")

@@ -113,6 +113,8 @@ class Side:
             if self.kind in ("keras_fit", "keras_hub_fit"):
                 execution = f", steps_per_execution={self.steps_per_execution}"
                 execution += ", loss and accuracy" if self.keras_accuracy else ", loss only"
+            if self.intra_op_threads:
+                execution += f", {self.intra_op_threads} intra-op thread(s)"
             return f"{self.kind} ({self.towers} device{'s' if self.towers > 1 else ''}{execution})"
         options = [f"{self.towers} tower{'s' if self.towers > 1 else ''}", self.input]
         options += [self.update_mode] if self.update_mode != "sync" else []

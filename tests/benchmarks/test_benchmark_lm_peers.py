@@ -17,10 +17,12 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def test_the_peers_setting_puts_towerflow_against_keras_hub_and_nanogpt_at_each_tower_count():
     found = figures.figures(SETTINGS["lm-peers"], SIZES["quick"])
     assert tuple(f.name for f in found) == figures.PEER_NAMES
-    assert [(f.a.kind, f.a.towers) for f in found] == [("towerflow", n) for n in (1, 2, 4, 1, 2, 4)]
+    assert [(f.a.kind, f.a.towers) for f in found] == [("towerflow", n) for n in (1, 2, 4, 1, 2, 4, 1)]
     assert [(f.b.kind, f.b.towers) for f in found[:3]] == [("keras_hub_fit", n) for n in (1, 2, 4)]
-    assert [(f.b.kind, f.b.towers) for f in found[3:]] == [("nanogpt_torch", 1)] * 3
-    assert [f.target for f in found] == [1.0, 1.0, 1.0, None, None, None]
+    assert [(f.b.kind, f.b.towers, f.b.intra_op_threads) for f in found[3:]] == [("nanogpt_torch", 1, 0)] * 3 + [
+        ("nanogpt_torch", 1, 1)
+    ]
+    assert [f.target for f in found] == [1.0, 1.0, 1.0, None, None, None, None]
     assert figures.select(found, ["lm_peers"], SIZES["quick"]) == found
     assert figures.select(found, ["lm_tower2_vs_nanogpt_torch"], SIZES["quick"]) == found[4:5]
     # the char-token setting keeps its Keras fit figures
