@@ -8,11 +8,11 @@ and subword tokens; a subword token stands for its piece's bytes, data.subword.t
 (next-token arg-max hits); eval adds `perplexity`.
 
 Its arguments are its own (`tasks.lm_options`, declared without TensorFlow; flags `--lm_layers` ...):
-`layers` (4), `heads` (4), `width` (128), `context` (64), `positions` ("learned"), `dropout` (0.0), read
-from `config.task.options`. The vocabulary is vocab.json next to the first training file, or the default
-corpus's (data.text.ensure_default_lm_data, `char` tokens) when no --train_data is given; subword records
-bring their SentencePiece model file, beside vocab.json. Nothing random
-happens per example.
+`preset` ("none"; "gpt2-small" sets the four sizes), `layers` (4), `heads` (4), `width` (128), `context`
+(64), `positions` ("learned"), `dropout` (0.0), read from `config.task.options`. The vocabulary is
+vocab.json next to the first training file, or the default corpus's (data.text.ensure_default_lm_data,
+`char` tokens) when no --train_data is given; subword records bring their SentencePiece model file, beside
+vocab.json. Nothing random happens per example.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from __future__ import annotations
 from tasks.options import Argument, Options
 
 POSITIONS = ("learned", "rotary")  # models.transformer.POSITIONS (a test keeps them equal)
+# --lm_preset: named sizes. gpt2-small is GPT-2 small's shape (Radford et al. 2019; nanoGPT's `gpt2`).
+PRESETS = {"none": {}, "gpt2-small": {"layers": 12, "heads": 12, "width": 768, "context": 1024}}
 
 
 def _heads_divide_width(config, values: dict) -> str:
@@ -15,18 +17,40 @@ def _heads_divide_width(config, values: dict) -> str:
     return ""
 
 
+SIZES = (
+    Argument("layers", "lm_layers", 4, "--task=lm: Transformer blocks.", low=1),
+    Argument("heads", "lm_heads", 4, "--task=lm: attention heads; they divide --lm_width.", low=1),
+    Argument("width", "lm_width", 128, "--task=lm: the model width (embedding size).", low=1),
+    Argument("context", "lm_context", 64, "--task=lm: tokens a prediction sees; records hold up to this + 1.", low=1),
+)
+_DEFAULTS = {a.name: a.default for a in SIZES}
+
+
+def _preset_sizes(values: dict) -> dict:
+    """The one place a preset and the size flags meet: each size the preset names replaces that size's default;
+    a size set away from its default is the user's and stays (`--lm_preset=gpt2-small --lm_context=256`). A
+    size set to its own default cannot be told from one not given: it takes the preset's."""
+    preset = PRESETS.get(values["preset"], {})  # an unknown name is refused by the argument's own check
+    return {**values, **{k: v for k, v in preset.items() if values[k] == _DEFAULTS[k]}}
+
+
 OPTIONS = Options(
     help="lm: a decoder-only Transformer language model over text records (python -m data.prepare text; without "
     "--train_data the built-in corpus).",
     arguments=(
-        Argument("layers", "lm_layers", 4, "--task=lm: Transformer blocks.", low=1),
-        Argument("heads", "lm_heads", 4, "--task=lm: attention heads; they divide --lm_width.", low=1),
-        Argument("width", "lm_width", 128, "--task=lm: the model width (embedding size).", low=1),
         Argument(
-            "context", "lm_context", 64, "--task=lm: tokens a prediction sees; records hold up to this + 1.", low=1
+            "preset",
+            "lm_preset",
+            "none",
+            "--task=lm: named sizes: gpt2-small = 12 layers, 12 heads, width 768, context 1024 (GPT-2 small's "
+            "shape). A --lm_layers/--lm_heads/--lm_width/--lm_context set away from its default overrides the "
+            "preset's value.",
+            choices=tuple(PRESETS),
         ),
+        *SIZES,
         Argument("positions", "lm_positions", "learned", "--task=lm: position encoding.", choices=POSITIONS),
         Argument("dropout", "lm_dropout", 0.0, "--task=lm: dropout rate, in [0, 1).", low=0, high=0.99),
     ),
     rule=_heads_divide_width,
+    fill=_preset_sizes,
 )

@@ -43,15 +43,17 @@ class Argument:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """A task's declaration: `help` (its entry in `--task`'s help), its `arguments`, and `rule(config,
-    values) -> problem or ""`, what it asks of the run's settings beyond each argument's own check."""
+    """A task's declaration: `help` (its entry in `--task`'s help), its `arguments`, `rule(config, values) ->
+    problem or ""`, what it asks of the run's settings beyond each argument's own check, and `fill(values) ->
+    values`, what some arguments decide of others (a preset's sizes), applied whenever the values are read."""
 
     help: str = ""
     arguments: tuple[Argument, ...] = ()
     rule: Callable[[object, dict], str] | None = None
+    fill: Callable[[dict], dict] | None = None
 
     def values(self, given: dict) -> dict:
-        """Every argument's value: `given`'s, else its default, as the default's type.
+        """Every argument's value: `given`'s, else its default, as the default's type; then `fill`'s.
 
         Raises:
           ValueError: a key that is no argument of the task.
@@ -60,7 +62,8 @@ class Options:
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise ValueError(f"{', '.join(unknown)}: not among the task's arguments ({', '.join(names) or 'none'})")
-        return {a.name: type(a.default)(given.get(a.name, a.default)) for a in self.arguments}
+        values = {a.name: type(a.default)(given.get(a.name, a.default)) for a in self.arguments}
+        return self.fill(values) if self.fill else values
 
     def check(self, config, given: dict) -> str:
         """The first problem of the task's arguments (`--flag (value) problem`) or of its rule; "" if none."""

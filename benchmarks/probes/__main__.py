@@ -19,6 +19,7 @@ COMMANDS = {
     "dtensor": "benchmarks.probes.dtensor",
     "pipeline_schedule": "benchmarks.probes.pipeline_schedule",
     "pipeline_memory": "benchmarks.probes.pipeline_memory",
+    "lm_memory": "benchmarks.probes.lm_memory",
     "feature_checks": "benchmarks.probes.feature_checks",
 }
 

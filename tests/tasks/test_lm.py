@@ -110,7 +110,12 @@ def test_any_length_up_to_context(positions):
 @pytest.mark.quick
 @pytest.mark.parametrize(
     "vocab, layers, heads, width, context, positions",
-    [(7, 2, 2, 8, 8, "learned"), (65, 4, 4, 128, 64, "learned"), (256, 3, 2, 16, 32, "rotary")],
+    [
+        (7, 2, 2, 8, 8, "learned"),
+        (65, 4, 4, 128, 64, "learned"),
+        (256, 3, 2, 16, 32, "rotary"),
+        (11, 12, 12, 48, 16, "learned"),  # gpt2-small's 12 layers and heads at a small width
+    ],
 )
 def test_parameter_count(vocab, layers, heads, width, context, positions):
     model = transformer_lm(vocab, layers, heads, width, context, positions)
@@ -121,6 +126,20 @@ def test_parameter_count(vocab, layers, heads, width, context, positions):
 def test_parameter_count_of_the_default_model():
     # V*W + C*W + L*(12 W^2 + 13 W) + 2W + W*V for V=65, W=128, C=64, L=4: nanoGPT's layout, untied head.
     assert parameter_count(65, 4, 128, 64, "learned") == 65 * 128 * 2 + 64 * 128 + 4 * (12 * 128**2 + 13 * 128) + 256
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("vocab, count", [(32_000, 134_994_432), (50_257, 163_037_184)])
+def test_parameter_count_of_the_gpt2_small_preset(vocab, count):
+    """--lm_preset=gpt2-small's sizes; the head is untied, so GPT-2 small's 124,439,808 (50,257 tokens, head
+    tied to the embedding) plus one more vocab x width matrix."""
+    from tasks.lm_options import PRESETS  # noqa: PLC0415
+
+    shape = PRESETS["gpt2-small"]
+    assert (shape["layers"], shape["heads"], shape["width"], shape["context"]) == (12, 12, 768, 1024)
+    assert parameter_count(vocab, shape["layers"], shape["width"], shape["context"], "learned") == count
+    if vocab == 50_257:
+        assert count - vocab * 768 == 124_439_808
 
 
 @pytest.mark.quick

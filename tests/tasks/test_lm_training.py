@@ -120,6 +120,26 @@ def test_through_pipeline_stages_the_weights_are_those_of_one_tower(
     assert result["pipeline"]["stage_pieces"] == pieces
 
 
+def test_in_bf16_the_weights_are_those_of_one_tower_for_two_towers(make_config, paragraphs, reference, tmp_path):
+    """--mixed_precision=bf16 (the blocks compute in bfloat16, the variables and the sums stay float32): 1 and 2
+    towers at fixed K give the same bits, and not the float32 run's."""
+    import keras
+
+    from trainer.loop.run import train
+
+    results = []
+    try:
+        for num_towers in (1, 2):
+            config = _config(make_config, paragraphs, tmp_path, f"bf16_{num_towers}", num_towers)
+            towers = dataclasses.replace(config.towers, mixed_precision="bf16")
+            results.append(train(dataclasses.replace(config, towers=towers)))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")  # the run set the process's policy
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+    assert results[0]["train_loss"] == results[1]["train_loss"]
+    assert results[0]["weights_sha256"] != reference["weights_sha256"]  # bfloat16 compute changed the bits
+
+
 def test_killed_on_two_tasks_of_two_stages_a_run_resumes_on_four_stages_bitwise(paragraphs, reference, tmp_path):
     """Stages within a machine, pipelines across machines (2 tasks x 1 pipeline of 2 stages), SIGKILLed after its
     step-3 checkpoint, resumed by one process as one pipeline of 4 stages: the one-tower weights. A checkpoint

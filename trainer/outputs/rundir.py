@@ -171,7 +171,8 @@ def _other_tasks_arguments(recorded: dict, current: dict) -> set[str]:
 
 def _recorded_settings(path: str) -> dict:
     """run.json's settings, resolved; a setting newer than the recorded run had its default value then (less
-    what the recorded run's own update mode leaves out), or what PREDATES says.
+    what the recorded run's own update mode leaves out; a task argument, the task's default), or what PREDATES
+    says.
 
     Raises:
       RunDirError: the file is damaged (not UTF-8, not JSON, not an object, a value that does not parse); the
@@ -185,7 +186,10 @@ def _recorded_settings(path: str) -> dict:
         defaults = RunConfig()
         # The recorded run's mode, read from the file (not this run's: that one is `plan.mode`).
         recorded_mode = mode_for(recorded.get("towers.update_mode", defaults.towers.update_mode))
-        return _resolved({**_defining(defaults, recorded_mode.resume_may_change), **PREDATES, **recorded})
+        # A built-in task's argument newer than the recorded run (--lm_preset) had its default then.
+        arguments = tasks.options(recorded.get("task.name", defaults.task.name)).arguments
+        newer = {f"task.{a.name}": a.default for a in arguments}
+        return _resolved({**_defining(defaults, recorded_mode.resume_may_change), **PREDATES, **newer, **recorded})
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # ConfigError is a ValueError
         why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         raise RunDirError(

@@ -250,6 +250,15 @@ def test_the_language_models_sizes_define_an_lm_run_and_no_other(make_config, tm
     shutil.rmtree(run)
     _run_json(make_config, tmp_path, lm)
     rundir.check_resume(settle(lm), allow_changes=False)
+    shutil.rmtree(run := tmp_path / "run")
+    recorded_before_the_preset = rundir.defining_settings(settle(lm))
+    del recorded_before_the_preset["task.preset"]
+    _run_json(make_config, tmp_path, lm)
+    (run / rundir.RUN_FILE).write_text(json.dumps(recorded_before_the_preset))
+    rundir.check_resume(settle(lm), allow_changes=False)  # --lm_preset is newer: the run had its default
+    gpt2 = make_config(task={"name": "lm", "options": {"preset": "gpt2-small"}})
+    with pytest.raises(rundir.RunDirError, match=r"--lm_preset: 'none' -> 'gpt2-small'"):
+        rundir.check_resume(settle(gpt2), allow_changes=False)
     wider = make_config(task={"name": "lm", "options": {"width": 64, "heads": 2}})
     with pytest.raises(rundir.RunDirError, match=r"\(--lm_heads: 4 -> 2; --lm_width: 128 -> 64\)"):
         rundir.check_resume(settle(wider), allow_changes=False)

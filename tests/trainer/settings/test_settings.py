@@ -34,7 +34,7 @@ def _fields() -> set[str]:
 def test_every_setting_is_one_row_of_the_table_and_every_row_one_setting():
     assert set(table.BY_FIELD) - TASK_ARGUMENTS == _fields() - NOT_FLAGS - {"task.options"}
     assert {f"task.{a.name}" for _, a in tasks.built_in_arguments()} == TASK_ARGUMENTS
-    assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 74
+    assert len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 75  # 74 + --lm_preset
     assert set(table.GROUPS) == {flag.group for flag in table.FLAGS}
     assert {flag.resume for flag in table.FLAGS} == {FIXED, FREE}
 
@@ -129,7 +129,8 @@ def test_a_built_in_tasks_arguments_are_its_own_settings():
     names it (run.json records them then, and a user task's does not)."""
     lm = _parse("--task=lm", "--lm_width=64", "--lm_heads=2")
     assert lm.task.option_dict == {
-        "layers": 4, "heads": 2, "width": 64, "context": 64, "positions": "learned", "dropout": 0.0
+        "preset": "none", "layers": 4, "heads": 2, "width": 64, "context": 64, "positions": "learned",
+        "dropout": 0.0,
     }  # fmt: skip
     assert table.setting(lm, "task.width") == 64
     # another task's argument: refused when set away from its default (a run's flags.txt lists every flag)
@@ -151,6 +152,24 @@ def test_a_built_in_tasks_arguments_are_its_own_settings():
         resolve(_parse("--task=lm", "--lm_width=64", "--lm_heads=3"))
     with pytest.raises(cfg.ConfigError, match=r"^--lm_dropout \(1.5\) must be in \[0, 0.99\]$"):
         resolve(_parse("--task=lm", "--lm_dropout=1.5"))
+
+
+def test_the_gpt2_small_preset_sets_the_sizes_a_size_flag_away_from_its_default_overrides():
+    """--lm_preset decides in one place (tasks.lm_options._preset_sizes) and run.json records the sizes it
+    gave; a size flag set away from its default is the user's; the task's rules check the sizes that result."""
+    sizes = lambda config: tuple(config.task.option_dict[k] for k in ("layers", "heads", "width", "context"))  # noqa: E731
+    assert sizes(resolve(_parse("--task=lm", "--lm_preset=gpt2-small"))) == (12, 12, 768, 1024)
+    assert sizes(resolve(_parse("--task=lm", "--lm_preset=gpt2-small", "--lm_context=256"))) == (12, 12, 768, 256)
+    assert sizes(resolve(_parse("--task=lm", "--lm_preset=gpt2-small", "--lm_layers=2"))) == (2, 12, 768, 1024)
+    assert sizes(resolve(_parse("--task=lm"))) == (4, 4, 128, 64)  # no preset: the defaults
+    library = resolve(cfg.RunConfig(task=cfg.TaskConfig(name="lm", options={"preset": "gpt2-small"})))
+    assert sizes(library) == (12, 12, 768, 1024) and resolve(library) == library  # filled once, then unchanged
+    recorded = rundir.defining_settings(modes.settle(library))
+    assert (recorded["task.preset"], recorded["task.width"]) == ("gpt2-small", 768)
+    with pytest.raises(cfg.ConfigError, match=r"^--lm_heads \(5\) must divide --lm_width \(768\)$"):
+        resolve(_parse("--task=lm", "--lm_preset=gpt2-small", "--lm_heads=5"))
+    with pytest.raises(flags.IllegalFlagValueError, match=r"--lm_preset=gpt2-large: value should be one of"):
+        _parse("--task=lm", "--lm_preset=gpt2-large")
 
 
 def test_the_language_models_positions_are_the_models():
