@@ -20,6 +20,7 @@ COMMANDS = {
     "pipeline_schedule": "benchmarks.probes.pipeline_schedule",
     "pipeline_memory": "benchmarks.probes.pipeline_memory",
     "feature_checks": "benchmarks.probes.feature_checks",
+    "first_step": "benchmarks.probes.first_step",
 }
 
 if __name__ == "__main__":
