@@ -5,6 +5,7 @@
     python -m benchmarks --smoke              # tiny windows: checks that everything runs (< 1 min)
     python -m benchmarks --only tower1_vs_plain,xla_vs_default --profile /tmp/prof
     python -m benchmarks --quick --settings=lm-pydoc --only=lm   # the language model against Keras fit
+    python -m benchmarks --quick --settings=lm-peers   # against Keras Hub GPT-2 fit and nanoGPT (pip install .[peers])
     python -m benchmarks --input [--smoke] [--out FILE]   # the input pipeline alone (benchmarks/input/alone.py)
 
 Each ratio is median(towerflow examples/sec) / median(reference examples/sec) over alternating timed
@@ -22,8 +23,8 @@ import sys
 import tempfile
 
 from benchmarks import figures as figure_defs
+from benchmarks.harness import mfu, report, runner
 from benchmarks.harness import records as records_lib
-from benchmarks.harness import report, runner
 from benchmarks.harness.plan import SETTINGS, SIZES
 from benchmarks.harness.session import Sessions
 
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--smoke", action="store_true", help="tiny windows, to check that everything runs")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--input", action="store_true", help="time the input pipeline alone on synthetic JPEGs")
-    names = figure_defs.NAMES + figure_defs.TASK_NAMES + tuple(figure_defs.INPUT_FIGURES)
+    names = figure_defs.NAMES + figure_defs.TASK_NAMES + figure_defs.PEER_NAMES + tuple(figure_defs.INPUT_FIGURES)
     figures_help = f"comma-separated figures: {', '.join(names)}"
     parser.add_argument("--only", type=_names, default=[], help=figures_help)
     parser.add_argument("--settings", type=_names, help=f"comma-separated settings: {', '.join(SETTINGS)}")
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             sessions.close(graceful)
     results += _run_input(size, input_names)
+    env["matmul_peak_flops"] = mfu.annotate(results)  # the language model's sides: tokens/s and MFU
     env["date_end"], env["load_average_end"] = report.now(), list(os.getloadavg())
     env["command"] = command
     run = {"size": dataclasses.asdict(size), "environment": env, "figures": results}

@@ -36,6 +36,17 @@ NAMES = (
 )
 # A task setting's figures (plan.Setting.task): the same model trained by towerflow and by Keras `fit`.
 TASK_NAMES = ("lm_tower1_vs_keras_fit", "lm_tower2_vs_keras_fit_mirrored", "lm_tower4_vs_keras_fit_mirrored")
+# A peers setting's figures (plan.Setting.peers, issue #45): towerflow against Keras Hub's GPT-2 in `fit` on as
+# many devices, and against nanoGPT's model in PyTorch (one process, all cores) at each tower count.
+PEER_NAMES = (
+    "lm_tower1_vs_keras_hub_fit",
+    "lm_tower2_vs_keras_hub_fit_mirrored",
+    "lm_tower4_vs_keras_hub_fit_mirrored",
+    "lm_tower1_vs_nanogpt_torch",
+    "lm_tower2_vs_nanogpt_torch",
+    "lm_tower4_vs_nanogpt_torch",
+    "lm_tower1_vs_nanogpt_torch_1thread",
+)
 # Figures also run on the compute-bound setting (full run); the others take too long there: 100-step
 # histogram windows of 0.3 s steps, fp16 without CPU kernels, async threads at 4 towers. The runtime and
 # augmentation figures run on both: how much a kernel library, a thread pool or a per-image map matters
@@ -50,7 +61,7 @@ RUNTIME = ("onednn_off_vs_on", "intra_op_1_vs_default", "inter_op_1_vs_default")
 
 # The Keras `fit` references' `steps_per_execution`, tuned per setting as a Keras user would: the fastest of the
 # values `python -m benchmarks.probes keras_spe` tried (rates in benchmarks/results/keras.md). Keras 3.15 has no "auto".
-KERAS_STEPS_PER_EXECUTION = {"cnn-digits": 32, "resnet20-synth": 8, "mlp-digits-b32": 8, "lm-pydoc": 32}
+KERAS_STEPS_PER_EXECUTION = {"cnn-digits": 32, "resnet20-synth": 8, "mlp-digits-b32": 8, "lm-pydoc": 32, "lm-peers": 2}
 
 
 def keras_fit_figures(setting: Setting, prefix: str = "", target_one: float = 1.0, group: str = "") -> list[Figure]:
@@ -66,6 +77,27 @@ def keras_fit_figures(setting: Setting, prefix: str = "", target_one: float = 1.
             for n in (2, 4)
         ],
     ]  # fmt: skip
+
+
+def peer_figures(setting: Setting) -> list[Figure]:
+    """`PEER_NAMES`: towerflow at 1, 2 and 4 towers against Keras Hub's GPT-2 in `fit` (target 1.0, as issue #45
+    asks) and against nanoGPT in PyTorch (information); group "lm_peers"."""
+    s, group = KERAS_STEPS_PER_EXECUTION[setting.name], f"{setting.task}_peers"
+    hub = [
+        Figure(f"{setting.task}_tower{n}_vs_keras_hub_fit{'_mirrored' if n > 1 else ''}", setting,
+               Side("towerflow", n), Side("keras_hub_fit", n, steps_per_execution=s), target=1.0, group=group)
+        for n in (1, 2, 4)
+    ]  # fmt: skip
+    torch = [
+        Figure(f"{setting.task}_tower{n}_vs_nanogpt_torch", setting, Side("towerflow", n), Side("nanogpt_torch"),
+               group=group)
+        for n in (1, 2, 4)
+    ]  # fmt: skip
+    # PyTorch's two OpenMP threads wait for each other at every op, which costs most when other jobs share the
+    # cores; one thread does not wait (benchmarks/results/lm-peers.md).
+    one_thread = Figure(f"{setting.task}_tower1_vs_nanogpt_torch_1thread", setting, TOWERFLOW,
+                        Side("nanogpt_torch", intra_op_threads=1), group=group)  # fmt: skip
+    return hub + torch + [one_thread]
 
 
 def augment_kind(setting: Setting) -> str:
@@ -96,6 +128,10 @@ def runtime_figures(setting: Setting) -> list[Figure]:
 def figures(setting: Setting, size: Size) -> list[Figure]:
     """Every figure of `setting`, in the order they run and print. A task setting has only its Keras `fit`
     figures (the other references are written for images and labels); 0.95 at one device, as issue #33 asks."""
+    if setting.peers:
+        found = peer_figures(setting)
+        assert tuple(f.name for f in found) == PEER_NAMES
+        return found
     if setting.task:
         found = keras_fit_figures(setting, prefix=f"{setting.task}_", target_one=0.95, group=setting.task)
         assert tuple(f.name for f in found) == TASK_NAMES
@@ -168,7 +204,8 @@ def select(all_figures: list[Figure], only: list[str], size: Size) -> list[Figur
     """
     if not only:
         return [f for f in all_figures if size.runtime_figures or f.name not in RUNTIME]
-    known = set(NAMES) | set(TASK_NAMES) | set(INPUT_FIGURES) | {"input"} | {f.group for f in all_figures if f.group}
+    known = set(NAMES) | set(TASK_NAMES) | set(PEER_NAMES) | set(INPUT_FIGURES) | {"input"}
+    known |= {f.group for f in all_figures if f.group}
     unknown = [name for name in only if name not in known]
     if unknown:
         raise ValueError(f"--only: unknown figure(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")

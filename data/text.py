@@ -88,14 +88,20 @@ def write_text_records(
 
 
 def write_records(
-    text: str, out_dir: str, tokens: str, context: int, eval_fraction: float, documents: str
+    text: str,
+    out_dir: str,
+    tokens: str,
+    context: int,
+    eval_fraction: float,
+    documents: str,
+    vocab_size: int | None = None,
 ) -> tuple[str, str, str]:
     """`write_text_records` of a text already in memory (the default corpus), through a temporary file."""
     with tempfile.TemporaryDirectory(prefix="towerflow-text-") as scratch:
         path = os.path.join(scratch, "text.txt")
         with open(path, "wb") as f:
             f.write(text.encode("utf-8"))
-        return write_text_records([path], out_dir, tokens, context, eval_fraction, documents)
+        return write_text_records([path], out_dir, tokens, context, eval_fraction, documents, vocab_size)
 
 
 def _pattern(split: str, num_shards: int) -> str:
@@ -160,14 +166,17 @@ def default_corpus() -> tuple[str, str]:
     return text, hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def ensure_default_lm_data(context: int, tokens: str, cache_dir: str | None = None) -> tuple[str, str, str]:
+def ensure_default_lm_data(
+    context: int, tokens: str, cache_dir: str | None = None, vocab_size: int | None = None
+) -> tuple[str, str, str]:
     """The default corpus's records, built on first use in a cache directory named by context, tokens and the
     corpus's sha256 (another Python's corpus gets its own), moved into place whole as `data.ensure_digits` does.
 
     Args:
         context: Tokens the model sees (records of up to context + 1).
-        tokens: "char" or "byte".
+        tokens: "char", "byte" or "subword" (then `vocab_size` ids, a BPE model trained on the train split).
         cache_dir: The parent directory; None means $TOWERFLOW_CACHE, else ~/.cache/towerflow.
+        vocab_size: The subword vocabulary's size (subword tokens only; part of the directory's name).
 
     Returns:
         (train_glob, eval_glob, vocab_path).
@@ -179,13 +188,14 @@ def ensure_default_lm_data(context: int, tokens: str, cache_dir: str | None = No
     root = (
         cache_dir or os.environ.get("TOWERFLOW_CACHE") or os.path.expanduser(os.path.join("~", ".cache", "towerflow"))
     )
-    target = os.path.abspath(os.path.join(root, f"lm-pydoc-{tokens}-c{context}-{sha256[:16]}-{CACHE_VERSION}"))
+    kind = f"{tokens}{vocab_size}" if vocab_size else tokens
+    target = os.path.abspath(os.path.join(root, f"lm-pydoc-{kind}-c{context}-{sha256[:16]}-{CACHE_VERSION}"))
     if not _is_complete(target):
         os.makedirs(root, exist_ok=True)
         building = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.building-", dir=root)
         try:
             os.chmod(building, 0o755)  # mkdtemp makes it private; the cache may be shared
-            write_records(text, building, tokens, context, 0.1, "none")
+            write_records(text, building, tokens, context, 0.1, "none", vocab_size)
             try:
                 os.replace(building, target)
             except OSError as e:  # another process finished first: use its copy

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import data
 import tasks
-from benchmarks.harness import reference
+from benchmarks.harness import mfu, reference
 from benchmarks.harness.plan import Setting, Side
 from benchmarks.harness.sides import TowerflowSide, run_config
 from data import text as text_data
@@ -31,8 +31,10 @@ TOKENS, LENGTHS = text_data.TOKENS_KEY, text_data.TOKENS_KEY + "_length"
 
 
 def task_config(setting: Setting) -> TaskConfig:
-    """The setting's task at the task's default sizes, its context from the records' length."""
-    return TaskConfig(name=setting.task, options={"context": setting.example_shape[0] - 1})
+    """The setting's task at the task's default sizes but for its width (`Setting.width`), its context from the
+    records' length."""
+    options = {"context": setting.example_shape[0] - 1, **({"width": setting.width} if setting.width else {})}
+    return TaskConfig(name=setting.task, options=options)
 
 
 def make_task(setting: Setting, records: dict) -> tasks.Task:
@@ -83,12 +85,21 @@ class LmTowerflowSide(TowerflowSide):
 
     def config_and_dataset(self, side: Side, setting: Setting, records: dict, model_dir: str):
         config = run_config(side, setting, records, model_dir)
-        # No --train_data: the task's default corpus, the records `records` names (records.ensure_records).
-        config = dataclasses.replace(config, data=DataConfig(), task=task_config(setting))
+        # No --train_data for char tokens: the task's default corpus, the records `records` names
+        # (records.ensure_records); other tokens are records of that corpus the task does not default to.
+        data_config = DataConfig()
+        if setting.data != "pydoc":
+            data_config = DataConfig(train_data=records["train"], eval_data=records["eval"])
+        config = dataclasses.replace(config, data=data_config, task=task_config(setting))
         dataset = None
         if side.input == "memory":
             dataset = towerflow_dataset(setting, records, config.towers.micro_batch_size)
+        self.task = make_task(setting, records)
         return config, dataset
+
+    def stats(self) -> dict:
+        """The async staleness (if any), and its sizes and TensorFlow's matmul peak for MFU (mfu.py)."""
+        return {**super().stats(), **model_stats(self.task, self.trainer.model.count_params())}
 
 
 class LmKerasFitSide(reference.KerasFitSide):
@@ -105,13 +116,26 @@ class LmKerasFitSide(reference.KerasFitSide):
         model.compile(optimizer, loss, weighted_metrics=weighted, steps_per_execution=steps_per_execution)
         return model
 
+    def stats(self) -> dict:
+        return model_stats(self.task, self.model.count_params())
+
+
+def model_stats(task: tasks.Task, parameters: int) -> dict:
+    """`mfu.side_stats` of the task's model, with TensorFlow's matmul peak measured now."""
+    return mfu.side_stats(task.vocab_size, task.layers, task.width, task.context, parameters, mfu.tensorflow_peak)
+
 
 def make_side(side: Side, setting: Setting, records: dict, work_dir: str):
-    """A side of a task setting: "towerflow" or "keras_fit" (the only references written for a task).
+    """A side of a task setting: "towerflow" or "keras_fit" (the only references written for a task), or one of
+    the peers of a `Setting.peers` setting (benchmarks/harness/peers.py, which imports them on first use).
 
     Raises:
       ValueError: another kind of side.
     """
+    if side.kind in ("keras_hub_fit", "nanogpt_torch"):
+        from benchmarks.harness import peers
+
+        return peers.make_side(side, setting, records)
     if side.kind == "towerflow":
         return LmTowerflowSide(side, setting, records, f"{work_dir}/model")
     if side.kind == "keras_fit":

@@ -19,11 +19,17 @@ class Setting:
     example_shape: tuple[int, ...]
     num_classes: int
     global_batch_size: int
-    data: str  # "digits" (the built-in 8x8 digits), "synthetic" (data.prepare synthetic, cached), "pydoc" (text)
+    # "digits" (the built-in 8x8 digits), "synthetic" (data.prepare synthetic, cached), "pydoc" (the default text
+    # corpus in char tokens) or "pydoc-subword4000" (in 4000 subword tokens; records.TEXT_TOKENS)
+    data: str
     num_examples: int  # train examples (synthetic only; the digits have 1437)
     # A built-in task (tasks.BUILT_IN) other than classification: its sides are benchmarks/harness/lm.py's, its
     # example_shape is (context + 1,) tokens and num_classes is unused (the vocabulary is the records').
     task: str = ""
+    width: int = 0  # a task setting's model width (--lm_width); 0: the task's default
+    # A task setting measured against the models users pick instead (benchmarks/harness/peers.py): Keras Hub's GPT-2
+    # in `fit` and nanoGPT's model in PyTorch, rather than Keras `fit` of towerflow's own model.
+    peers: bool = False
 
     def describe(self) -> str:
         shape = "x".join(str(d) for d in self.example_shape)
@@ -42,6 +48,9 @@ SETTINGS = {
     # corpus's windows of 65 chars (data.text.ensure_default_lm_data): 32 x 64 target tokens per step, ~0.1 s
     # on 2 cores, 8 sequences per tower at 4 towers.
     "lm-pydoc": Setting("lm-pydoc", "transformer_lm", (65,), 0, 32, "pydoc", 6541, task="lm"),
+    # A small GPT against its peers (issue #45): 4 blocks of width 256, 4 heads, context 128, 4000 subword tokens
+    # (3.2 M weights in the blocks, 1.0 M in the embedding): 16 x 128 target tokens per step, ~0.5 s on 2 cores.
+    "lm-peers": Setting("lm-peers", "transformer_lm", (129,), 0, 16, "pydoc-subword4000", 512, "lm", 256, True),
 }
 
 
@@ -71,8 +80,9 @@ class Side:
     """One side of a figure: a training loop and its options, built once per worker and timed in windows.
 
     kind: "towerflow" (trainer.loop.build.build), "plain" (a single-device tf.function step), "mirrored"
-    (tf.distribute.MirroredStrategy custom loop) or "keras_fit" (Keras's `model.fit`; under MirroredStrategy
-    with more than one device).
+    (tf.distribute.MirroredStrategy custom loop), "keras_fit" (Keras's `model.fit`; under MirroredStrategy
+    with more than one device), or a peer of a `Setting.peers` setting: "keras_hub_fit" (Keras Hub's GPT-2 in
+    `fit`, as "keras_fit") or "nanogpt_torch" (nanoGPT's model in PyTorch on the CPU, one process).
     """
 
     kind: str
@@ -100,9 +110,11 @@ class Side:
     def label(self) -> str:
         if self.kind != "towerflow":
             execution = ""
-            if self.kind == "keras_fit":
+            if self.kind in ("keras_fit", "keras_hub_fit"):
                 execution = f", steps_per_execution={self.steps_per_execution}"
                 execution += ", loss and accuracy" if self.keras_accuracy else ", loss only"
+            if self.intra_op_threads:
+                execution += f", {self.intra_op_threads} intra-op thread(s)"
             return f"{self.kind} ({self.towers} device{'s' if self.towers > 1 else ''}{execution})"
         options = [f"{self.towers} tower{'s' if self.towers > 1 else ''}", self.input]
         options += [self.update_mode] if self.update_mode != "sync" else []

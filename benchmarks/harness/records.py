@@ -19,6 +19,8 @@ from benchmarks.harness.plan import Setting
 from data import digits
 
 _VERSION = "v1"  # bump when what is written changes
+# The default text corpus's settings (Setting.data): its tokens and, for subword tokens, the vocabulary's size.
+TEXT_TOKENS = {"pydoc": ("char", None), "pydoc-subword4000": ("subword", 4000)}
 
 
 def _python(*args: str) -> str:
@@ -40,9 +42,11 @@ def ensure_records(setting: Setting) -> dict:
         out = _python("-c", "import json, data; print(json.dumps(data.ensure_digits()))")
         train, evaluation = json.loads(out.strip().splitlines()[-1])
         return {"train": train, "eval": evaluation}
-    if setting.data == "pydoc":  # the language model's default corpus, char tokens, windows of example_shape[0]
+    if setting.data in TEXT_TOKENS:  # the language model's default corpus, windows of example_shape[0] tokens
         context = setting.example_shape[0] - 1
-        code = f"import json; from data import text; print(json.dumps(text.ensure_default_lm_data({context}, 'char')))"
+        tokens, vocab_size = TEXT_TOKENS[setting.data]
+        call = f"text.ensure_default_lm_data({context}, {tokens!r}, vocab_size={vocab_size})"
+        code = f"import json; from data import text; print(json.dumps({call}))"
         train, evaluation, _ = json.loads(_python("-c", code).strip().splitlines()[-1])
         return {"train": train, "eval": evaluation}
     return _ensure_synthetic(setting)

@@ -103,6 +103,10 @@ def legend(records: list[dict]) -> list[str]:
             if "staleness_mean" in side:
                 mean, most = side["staleness_mean"], side["staleness_max"]
                 line += f"\n    {label.upper()}: staleness mean {mean:.2f}, max {most}"
+            if "mfu" in side:  # a language model's side (mfu.annotate)
+                line += f"\n    {label.upper()}: {side['tokens_per_sec']:,.0f} tokens/s, MFU {side['mfu']:.1%}"
+                line += f" ({side['parameters']:,} parameters, {side['peak_framework']} matmul peak"
+                line += f" {side['matmul_peak_flops'] / 1e9:.1f} GFLOP/s)"
         if record["status"] == "error":
             line += f"\n    error: {record['error'].strip().splitlines()[-1]}"
         lines.append(line)
