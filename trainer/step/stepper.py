@@ -80,7 +80,7 @@ class Updater(abc.ABC):
 
     def wrap_micro_batch(self, wrap) -> None:
         """Replaces the function every tower runs per micro-batch with `wrap(it)`; call before the first step
-        traces. The function is a `trainer.step.core.micro_batch.MicroBatchFunction`: (trainable values, non-trainable
+        traces. The function is `trainer.step.core.micro_batch.micro_batch_fn`'s: (trainable values, non-trainable
         values, batch, loss scale) -> `MicroBatchResult`, called under the tower's device scope.
         A seam for measurements (`benchmarks/slow_tower.py` slows one tower), not used in training, so a mode
         need not offer it (both built-in modes do).

@@ -65,7 +65,7 @@ class AsyncUpdate(BaseUpdate):
         with tf.device(placement.host):  # read by the towers' in-graph loops before every update
             self.halt = tf.Variable(False, trainable=False, name="async_halt")
         self.gate = Gate(max_staleness, halt=lambda: self.halt.assign(True))
-        micro_batch = mb.MicroBatchFunction(task, model, jit_compile)  # called under the tower's device scope
+        micro_batch = mb.micro_batch_fn(task, model, jit_compile)  # called under the tower's device scope
         self.graph = graph.TowerGraph(self, self.halt, micro_batch)
         self.window = Window(task, placement)
         self._make_calls(len(placement.towers))

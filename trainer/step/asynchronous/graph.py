@@ -45,7 +45,7 @@ class TowerGraph:
       head: the `AsyncUpdate` (`trainer.step.update.apply.BaseUpdate`): task, model, optimizer, placement, global
         step, the towers' input streams, and its `apply_update`.
       halt: bool `tf.Variable`; once true, no update starts.
-      micro_batch: the function each tower runs per micro-batch (`trainer.step.core.micro_batch.MicroBatchFunction`).
+      micro_batch: the function each tower runs per micro-batch (`trainer.step.core.micro_batch.micro_batch_fn`).
 
     Attributes:
       micro_batch: read when a graph traces: replacing it before the first call changes every tower's

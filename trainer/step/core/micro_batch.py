@@ -10,6 +10,7 @@ many towers there are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import time
 
@@ -202,36 +203,23 @@ def metric_values(metrics: dict) -> dict:
     return values
 
 
-SCOPE = "micro_batch"  # the name scope of a micro-batch's ops in its function's graph
+def micro_batch_fn(task, model, jit_compile: bool = False):
+    """Returns `run_micro_batch` bound to `task` and `model`, XLA-compiled per call site when `jit_compile`.
 
-
-class MicroBatchFunction:
-    """`run_micro_batch` bound to `task` and `model`, as one `tf.function` that every micro-batch calls.
-
-    A step calls it K times, each under its tower's device scope: traced once, its graph is called K times,
-    where writing the Python out K times traced the model's forward and backward K times (4 of the 7.4
-    seconds a 4-tower language-model step spent tracing). TensorFlow places a called function's ops, which
-    name no device, on its caller's device. XLA compiles for one device, so with `jit_compile` the unit it
-    compiles is this one tower's forward and backward pass; the reduction and the update stay in the ordinary
-    graph.
-
-    `graph` is the function's traced graph (None before the step traces): what the step-memory check reads a
-    micro-batch's kept activations from (`trainer.step.memory.device_memory`).
+    XLA compiles for one device, so the unit it compiles is one tower's forward and backward pass (called
+    under that tower's device scope); the reduction across towers and the update stay in the ordinary graph.
     """
+    if not jit_compile:
+        return functools.partial(run_micro_batch, task, model)
 
-    def __init__(self, task, model, jit_compile: bool = False):
-        self.graph = None
+    @graphs.function(jit_compile=True)
+    def compiled(trainable, non_trainable, batch, loss_scale=None):
+        return run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale).flat()
 
-        @graphs.function(jit_compile=jit_compile)
-        def traced(trainable, non_trainable, batch, loss_scale=None):
-            self.graph = tf.compat.v1.get_default_graph()
-            with tf.name_scope(SCOPE):
-                return run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale).flat()
+    def run(trainable, non_trainable, batch, loss_scale=None):
+        return MicroBatchResult(*compiled(trainable, non_trainable, batch, loss_scale))
 
-        self._traced = traced
-
-    def __call__(self, trainable, non_trainable, batch, loss_scale=None) -> MicroBatchResult:
-        return MicroBatchResult(*self._traced(trainable, non_trainable, batch, loss_scale))
+    return run
 
 
 def per_weight(total: tf.Tensor, weight: tf.Tensor) -> tf.Tensor:

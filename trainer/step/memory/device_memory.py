@@ -49,7 +49,6 @@ class Plan:
     in_flight: int  # micro-batches alive there at once
     kept: Held  # what each of them keeps from its forward to its backward
     recomputed: Held | None = None  # what one backward holds while it runs its forward again (remat)
-    graph: object = None  # the graph the ops are in: a function the step calls (None: the step's own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +72,8 @@ def needs(updater, optimizer, longest: int) -> list[DeviceNeed]:
     for plan in updater.runner.memory_plan():
         state = _placed(model.variables, plan.device) + _placed(model.trainable_variables, plan.device)
         state += _placed(optimizer.variables, plan.device)
-        ops = graph if plan.graph is None else plan.graph
-        kept = kept_bytes(ops, plan.kept, longest)
-        recomputed = kept_bytes(ops, plan.recomputed, longest) if plan.recomputed else 0
+        kept = kept_bytes(graph, plan.kept, longest)
+        recomputed = kept_bytes(graph, plan.recomputed, longest) if plan.recomputed else 0
         out.append(DeviceNeed(plan.device, state, kept, plan.in_flight, recomputed))
     return out
 

@@ -12,7 +12,6 @@ from trainer.step.core import micro_batch as mb
 from trainer.step.memory import device_memory
 from trainer.step.pipeline import runner
 from trainer.step.pipeline.cut import cut_of
-from trainer.system import graphs
 from trainer.system.devices import tower_of_micro_batch
 
 
@@ -21,8 +20,7 @@ class TowerRunner:
 
     def __init__(self, task, model, towers, layout, num_micro_batches: int, jit_compile: bool):
         self.towers, self.layout, self.num_micro_batches = towers, layout, num_micro_batches
-        self.function = mb.MicroBatchFunction(task, model, jit_compile)
-        self.micro_batch = self.function  # what a step calls: the function, or a wrapper of it (`wrap_micro_batch`)
+        self.micro_batch = mb.micro_batch_fn(task, model, jit_compile)
         self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
 
     def run(self, batches, trainable, non_trainable, step, timed: bool, loss_scale=None):
@@ -56,12 +54,13 @@ class TowerRunner:
         return {}
 
     def memory_plan(self) -> list[device_memory.Plan]:
-        """Per tower, for `trainer.step.memory.device_memory`: what a micro-batch's gradient ops read from its forward,
-        in the micro-batch function's graph (the same on every tower), times the micro-batches alive there at
-        once (not ordered on a tower, so all of them)."""
+        """Per tower, for `trainer.step.memory.device_memory`: what one of its micro-batches' gradient ops read from its
+        forward, times the micro-batches alive there at once (not ordered on a tower, so all of them)."""
         per_tower = self.num_micro_batches // len(self.towers)
-        kept = device_memory.Held.by_gradient(mb.SCOPE)
-        return [device_memory.Plan(device, per_tower, kept, graph=self.function.graph) for device in self.towers]
+        return [
+            device_memory.Plan(device, per_tower, device_memory.Held.by_gradient(f"micro_batch{t * per_tower}"))
+            for t, device in enumerate(self.towers)
+        ]
 
 
 def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, plan: Pipeline):
@@ -78,11 +77,10 @@ def inference(model, towers, plan: Pipeline):
     own device (a model too large for one device is evaluated where it trains). Part i of N goes to pipeline
     i*P//N, as micro-batches do; the same ops either way, so the same outputs."""
     if plan.stages == 1:
-        forward = graphs.function(lambda inputs: model(inputs, training=False))  # traced once, called per tower
 
         def whole(tower: int, inputs):
             with tf.device(towers[tower]):
-                return forward(inputs)
+                return model(inputs, training=False)
 
         return whole
     cut = cut_of(model, plan)
