@@ -100,19 +100,3 @@ def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
     assert not np.array_equal(model.get_layer("conv").kernel.numpy(), kernel)  # training happened
     np.testing.assert_array_equal(frozen.moving_mean.numpy(), stats[0])
     np.testing.assert_array_equal(frozen.moving_variance.numpy(), stats[1])
-
-
-def test_the_micro_batches_of_every_window_call_one_traced_function():
-    """The K micro-batches of a step call one traced function (`MicroBatchFunction`): at 2 towers and 4
-    micro-batches, windows of 1, 3 and 2 steps (the step's graph traced twice: the in-graph loop and the timed
-    step) trace the micro-batch once; writing it out per micro-batch traced the model 8 times."""
-    model, features, labels = _model_and_batch("mlp")
-    placement = devices.place(TowerConfig(num_towers=2, device="cpu", parameter_device="cpu"))
-    step = tf.Variable(0, dtype=tf.int64)
-    optimizer = optimizers.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
-    optimizer.build(model.trainable_variables)
-    update = SyncUpdate(CLASSIFY, model, optimizer, placement, 4, step, _streams(features, labels, 4))
-    results = [update.train_steps(n) for n in (1, 3, 2)]
-    assert [r.steps for r in results] == [1, 3, 2] and all(r.loss > 0 for r in results)
-    assert update.runner.function._traced.experimental_get_tracing_count() == 1
-    assert int(step.numpy()) == 6
