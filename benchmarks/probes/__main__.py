@@ -21,6 +21,7 @@ COMMANDS = {
     "pipeline_memory": "benchmarks.probes.pipeline_memory",
     "lm_memory": "benchmarks.probes.lm_memory",
     "feature_checks": "benchmarks.probes.feature_checks",
+    "first_step": "benchmarks.probes.first_step",
 }
 
 if __name__ == "__main__":
