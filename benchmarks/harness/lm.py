@@ -126,16 +126,12 @@ def model_stats(task: tasks.Task, parameters: int) -> dict:
 
 
 def make_side(side: Side, setting: Setting, records: dict, work_dir: str):
-    """A side of a task setting: "towerflow" or "keras_fit" (the only references written for a task), or one of
-    the peers of a `Setting.peers` setting (benchmarks/harness/peers.py, which imports them on first use).
+    """A side of a task setting: "towerflow" or "keras_fit" (the only references written for a task; its peers
+    are `benchmarks.harness.peers`', which builds on this module).
 
     Raises:
       ValueError: another kind of side.
     """
-    if side.kind in ("keras_hub_fit", "nanogpt_torch"):
-        from benchmarks.harness import peers
-
-        return peers.make_side(side, setting, records)
     if side.kind == "towerflow":
         return LmTowerflowSide(side, setting, records, f"{work_dir}/model")
     if side.kind == "keras_fit":
