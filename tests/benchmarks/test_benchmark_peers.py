@@ -140,6 +140,7 @@ def peer_namespaces():
 
 
 @pytest.mark.netns
+@pytest.mark.xdist_group("peer_namespaces")  # one worker: both take up the same namespaces (br-peers, tfpeer1..4)
 def test_mwms_trains_on_two_namespaces_with_the_same_trainable_weights_on_both(peer_namespaces, tmp_path):
     from benchmarks.machines.strategies import sync as peers_sync
 
@@ -152,6 +153,7 @@ def test_mwms_trains_on_two_namespaces_with_the_same_trainable_weights_on_both(p
 
 
 @pytest.mark.netns
+@pytest.mark.xdist_group("peer_namespaces")
 def test_ps_trains_and_reports_its_staleness(peer_namespaces, tmp_path):
     from benchmarks.machines.strategies import asynchronous as peers_async
 
