@@ -16,7 +16,6 @@ import argparse
 import sys
 import time
 
-MIB = 1 << 20
 LAYOUTS = (  # (name, towers, stages, parameter_device, remat)
     ("data parallel", 1, 1, "gpu", False),
     ("data parallel", 2, 1, "gpu", False),
@@ -68,6 +67,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--micro_batches", type=int, default=4, help="K")
     parser.add_argument("--precision", default="fp32,bf16", help="fp32,bf16 (--mixed_precision)")
     args = parser.parse_args(argv)
+    from trainer.step.memory.device_memory import MIB
     from trainer.system import devices
 
     devices.configure_logical_cpus(4)
