@@ -33,6 +33,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from models import sharded
+
 SPECS = [
     tf.TensorSpec([], tf.string, name="prompt"),
     tf.TensorSpec([], tf.int32, name="max_new_tokens"),
@@ -160,7 +162,7 @@ class Generator(tf.Module):
             return logits[:, -1], kept
 
         def window():
-            logits = self.model((ids[-context:][None], tf.fill([1], context)), training=False)
+            logits = sharded.whole(self.model((ids[-context:][None], tf.fill([1], context)), training=False))
             return tf.cast(logits, tf.float32)[:, -1], cache
 
         return tf.cond(length <= context, cached, window)

@@ -15,13 +15,13 @@ import tensorflow as tf
 
 import data
 import tasks
-from models import stages
+from models import sharded, stages
 from trainer.loop import padding
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.inputs import Inputs, eval_dataset_fn, train_iterators
 from trainer.loop.records import reader_for
 from trainer.outputs.checkpoint import Checkpointer
-from trainer.settings.config import RunConfig
+from trainer.settings.config import ConfigError, RunConfig
 from trainer.settings.preprocess import DataSettings
 from trainer.step import modes
 from trainer.step.core import micro_batch as towers
@@ -101,7 +101,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     towers.check_task(task, model, iterators[0].element_spec, reader.padded_length)
     padding.check_padding(task, model, reader, inputs)  # a model that looks at its padding: one warning line
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
-    forward = runners.inference(model, placement.towers, config.towers.pipeline)  # whole, or through the stages
+    forward = runners.inference(model, placement, config.towers.pipeline)  # whole, or through the stages
     explain = lambda e: bad_records.explain(e, False, log_line) or reader.explain_failure(e, "--eval_data")  # noqa: E731
     evaluator = Evaluator(task, model, placement, make_eval, explain, forward)
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
@@ -140,12 +140,14 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
 
 def _build_placed_model(config: RunConfig, placement: devices.Placement, task: tasks.Task):
     """The task's model with its variables where they live: all on the parameter device; spread, each on its
-    owner; with pipeline stages, each on its stage's device of the first pipeline."""
-    build_fn, plan = task.build_model, config.towers.pipeline
+    owner; with pipeline stages, each on its stage's device of the first pipeline; with tensor-parallel towers,
+    each shard's on its device of the (stage's) tower, the rest on the tower's first device."""
+    build_fn, plan, split = task.build_model, config.towers.pipeline, config.towers.tensor
     reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
-    if plan.stages > 1:
-        owners_of = lambda model: stages.variable_stages(model, plan.stages, plan.cuts)  # noqa: E731
-        return spread.build_spread(build_fn, placement.towers[: plan.stages], reseed, owners_of=owners_of)
+    if plan.stages > 1 or split.parallel > 1:
+        owners_of = lambda model: _stage_and_shard_owners(model, plan, split)  # noqa: E731
+        owned = [device for tower in range(plan.stages) for device in placement.group(tower)]
+        return spread.build_spread(build_fn, owned, reseed, owners_of=owners_of)
     if not placement.spread_over:
         return build_fn()
     loss_scaled = optim.loss_scaled(config.towers.mixed_precision)
@@ -154,6 +156,25 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
         return mirrors.flags(model, placement.num_tasks, placement.spread_over, loss_scaled)
 
     return spread.build_spread(build_fn, placement.spread_over, reseed, later)
+
+
+def _stage_and_shard_owners(model, plan, split) -> list[int]:
+    """Per variable of `model`, its index among the first pipeline's devices, T per stage: its stage's tower,
+    and within it its shard's device (k*T//N; not a shard: the first).
+
+    Raises:
+      ConfigError: --tensor_shards asks for shards the model does not have.
+    """
+    if sharded.shard_count(model) != split.shards:
+        raise ConfigError(
+            f"--tensor_shards={split.shards} (--tensor_parallel={split.parallel}) needs a model whose layers are "
+            f"split into {split.shards} shards; model {model.name!r} has {sharded.shard_count(model)} "
+            "(the built-in --task=lm splits its layers; docs/tensor_parallel.md)"
+        )
+    stage_of = stages.variable_stages(model, plan.stages, plan.cuts) if plan.stages > 1 else [0] * len(model.variables)
+    shard_of = sharded.shard_of_variables(model)
+    t, n = split.parallel, split.shards
+    return [stage * t + shard_of.get(id(v), 0) * t // n for v, stage in zip(model.variables, stage_of, strict=True)]
 
 
 _POLICIES = {"": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}

@@ -97,7 +97,7 @@ def defining_settings(plan: Plan) -> dict:
     """The settings that define what `plan` trains, flattened (`optimizer.learning_rate`, ...): the flag table's
     settings a resume may not change (`trainer.settings.table`, FIXED) and the task count, less what its update
     mode lets change (`UpdateMode.resume_may_change`), with `towers.num_micro_batches` for the 0 that means one
-    per tower."""
+    per tower and `towers.tensor_shards` for the 0 that means T."""
     return _defining(plan.config, plan.mode.resume_may_change)
 
 
@@ -108,6 +108,7 @@ def _defining(config: RunConfig, may_change: frozenset[str]) -> dict:
     defining = {k: flat[k] for k in (*names, *DERIVED) if k not in may_change}
     if "towers.num_micro_batches" not in may_change:
         defining["towers.num_micro_batches"] = config.towers.num_micro_batches
+    defining["towers.tensor_shards"] = config.towers.tensor.shards  # 0 means T: the shards the model has
     defining.update({k: v for k, v in CODE.items() if k not in may_change})
     return _resolved({k: _jsonable(v) for k, v in sorted(defining.items())})
 

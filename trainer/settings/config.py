@@ -233,10 +233,12 @@ class Pipeline:
             f"--pipeline_stages ({s}) needs --update_mode=sync: a pipeline's stages share one step's micro-batches, "
             "which async towers do not have",
         )
+        per_task, t = towers.towers_per_task, towers.tensor_parallel
         _require(
-            towers.num_towers % s == 0,
-            f"--pipeline_stages ({s}) must divide --num_gpus ({towers.num_towers}): each task's devices form whole "
-            "pipelines (a pipeline never spans machines)",
+            per_task % s == 0,
+            f"--pipeline_stages ({s}) must divide the towers of a task (--num_gpus={towers.num_towers}"
+            + (f" / --tensor_parallel={t} = {per_task}" if t > 1 else "")
+            + "): each task's towers form whole pipelines (a pipeline never spans machines)",
         )
         _require(
             towers.parameter_device != "spread",
@@ -247,6 +249,52 @@ class Pipeline:
             not towers.jit_compile,
             f"--xla cannot be used with --pipeline_stages ({s}) yet: XLA would compile each stage's pass apart, "
             "which is not built; use S=1 for it",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSplit:
+    """How each layer is split over the devices of a tower (`models.sharded`, docs/tensor_parallel.md): the model's
+    wide layers are cut into `shards` shards (a property of the model: its variables), and a tower is `parallel`
+    devices, shard k on device k*parallel//shards. 1 and 1: no split."""
+
+    parallel: int = 1  # T: devices per tower
+    shards: int = 1  # N: shards per layer; every T dividing N gives the same bits
+
+    def check(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
+        """Every rule of --tensor_parallel and --tensor_shards, in one place (`modes.settle` runs it).
+
+        Raises:
+          ConfigError: naming the flags and what to change.
+        """
+        t, n = self.parallel, self.shards
+        _require(
+            n % t == 0,
+            f"--tensor_parallel ({t}) must divide --tensor_shards ({n}): each device of a tower holds whole shards",
+        )
+        _require(
+            towers.num_towers % t == 0,
+            f"--tensor_parallel ({t}) must divide --num_gpus ({towers.num_towers}): each task's devices form whole "
+            "towers of T devices (a tower never spans machines)",
+        )
+        if t > 1:
+            self._check_options(towers, mode_runs_pipelines)
+
+    def _check_options(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
+        t = self.parallel
+        _require(
+            mode_runs_pipelines,
+            f"--tensor_parallel ({t}) needs --update_mode=sync: the devices of a tower share each micro-batch's "
+            "layers, which async towers, one per device, do not",
+        )
+        _require(
+            towers.parameter_device != "spread",
+            f"--parameter_device=spread cannot be used with --tensor_parallel ({t}): each shard's variables live on "
+            "its own device already; use gpu or cpu (where the other variables live)",
+        )
+        _require(
+            not towers.jit_compile,
+            f"--xla cannot be used with --tensor_parallel ({t}): XLA compiles for one device; drop --xla",
         )
 
 
@@ -268,12 +316,24 @@ class TowerConfig:
     pipeline_cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (models.stages.cut); empty: by bytes
     pipeline_remat: bool = False  # each stage recomputes its forward in its backward (trainer.step.pipeline)
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.transfers)
+    tensor_parallel: int = 1  # T: devices per tower, each layer split over them (models.sharded)
+    tensor_shards: int = 0  # N: shards of each split layer; 0: T
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.job.cluster); not a flag
 
     @property
+    def tensor(self) -> TensorSplit:
+        """The --tensor_* settings as one value, what the model, the placement and the runners read."""
+        return TensorSplit(self.tensor_parallel, self.tensor_shards or self.tensor_parallel)
+
+    @property
+    def towers_per_task(self) -> int:
+        """Towers on each task: --num_gpus devices, T to a tower."""
+        return self.num_towers // self.tensor_parallel
+
+    @property
     def total_towers(self) -> int:
-        """Towers of the whole run: --num_gpus on each of `num_tasks` tasks."""
-        return self.num_towers * self.num_tasks
+        """Towers of the whole run: --num_gpus / T on each of `num_tasks` tasks."""
+        return self.towers_per_task * self.num_tasks
 
     @property
     def pipeline(self) -> Pipeline:

@@ -4,7 +4,7 @@ devices (`trainer.step.pipeline.runner`; docs/pipelines.md). `TowerConfig.pipeli
 from __future__ import annotations
 
 from trainer.settings import config as cfg
-from trainer.settings.flag import FREE, Flag, at_least
+from trainer.settings.flag import FIXED, FREE, Flag, at_least
 
 
 def pipeline() -> list[Flag]:
@@ -47,5 +47,32 @@ def pipeline() -> list[Flag]:
             "the forward again in its backward pass (rematerialisation): less activation memory for one more "
             "forward per stage and micro-batch. Same weights bitwise.",
             FREE,
+        ),
+    ]
+
+
+def tensor() -> list[Flag]:
+    g = "pipeline"
+    return [
+        Flag(
+            "tensor_parallel",
+            "towers.tensor_parallel",
+            g,
+            "T: a tower is T devices, and each wide layer of the model is split over them (tensor parallelism, "
+            "docs/tensor_parallel.md: attention by heads, the MLP by columns then rows, embedding and head by "
+            "vocabulary). --num_gpus = data x stages x T on each task. Same weights bitwise for every T dividing "
+            "--tensor_shards. Sync only; the built-in --task=lm.",
+            FREE,
+            check=at_least(1),
+        ),
+        Flag(
+            "tensor_shards",
+            "towers.tensor_shards",
+            g,
+            "N: the shards each split layer is cut into, a property of the model (its variables, its checkpoints): "
+            "fix it to get the same bits at every --tensor_parallel dividing it, as --micro_batches fixes the "
+            "batch's split. 0: --tensor_parallel.",
+            FIXED,
+            check=at_least(0),
         ),
     ]

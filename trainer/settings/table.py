@@ -33,6 +33,7 @@ GROUPS = {
 FLAGS: tuple[Flag, ...] = (
     *rows_training.towers(),
     *rows_pipeline.pipeline(),
+    *rows_pipeline.tensor(),
     *rows_training.data_(),
     *rows_training.augmentation(),
     *rows_task.task(),

@@ -238,6 +238,7 @@ def settle(config: RunConfig, num_tasks: int | None = None) -> Plan:
     config = resolve(config, num_tasks)
     mode = mode_for(config.towers.update_mode)
     config.towers.pipeline.check(config.towers, mode.runs_pipelines)
+    config.towers.tensor.check(config.towers, mode.runs_pipelines)
     mode.check(config)
     return Plan(config, mode)
 

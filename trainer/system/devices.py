@@ -30,6 +30,11 @@ class Placement:
     spread_over: tuple[str, ...] = ()  # --parameter_device=spread: the devices owning variables (step.core.spread)
     tower_hosts: tuple[str, ...] = ()  # the CPU of each tower's task, where its input is read; () = `host`
     num_tasks: int = 1
+    groups: tuple[tuple[str, ...], ...] = ()  # --tensor_parallel=T: each tower's T devices (its first is the tower)
+
+    def group(self, tower: int) -> tuple[str, ...]:
+        """The devices tower `tower`'s layers are split over (`models.sharded.placed`): itself, or its T devices."""
+        return self.groups[tower] if self.groups else (self.towers[tower],)
 
     def host_of(self, tower: int) -> str:
         """The CPU that reads tower `tower`'s input: its own task's."""
@@ -105,8 +110,11 @@ def place(config: TowerConfig) -> Placement:
     if config.num_tasks > 1:
         _require_remote_devices(kind, config)
     prefixes = [task_prefix(t, config.num_tasks) for t in range(config.num_tasks)]
-    towers = tuple(f"{p}/device:{kind}:{i}" for p in prefixes for i in range(config.num_towers))
-    hosts = tuple(f"{p}{HOST_DEVICE}" for p in prefixes for _ in range(config.num_towers))
+    t = config.tensor_parallel  # a tower is T consecutive devices of a task (docs/tensor_parallel.md)
+    every = [f"{p}/device:{kind}:{i}" for p in prefixes for i in range(config.num_towers)]
+    groups = tuple(tuple(every[i : i + t]) for i in range(0, len(every), t))
+    towers = tuple(group[0] for group in groups)
+    hosts = tuple(f"{p}{HOST_DEVICE}" for p in prefixes for _ in range(config.towers_per_task))
     host = hosts[0]
     parameter_device = host if config.parameter_device == "cpu" else towers[0]
     spread_over = towers if config.parameter_device == "spread" else ()
@@ -117,6 +125,7 @@ def place(config: TowerConfig) -> Placement:
         spread_over=spread_over,
         tower_hosts=hosts if config.num_tasks > 1 else (),
         num_tasks=config.num_tasks,
+        groups=groups if t > 1 else (),
     )
 
 

@@ -33,12 +33,14 @@ class Held:
 
     made_in: str
     read_in: tuple[str, ...]
+    on_device: bool = False  # only tensors made on the plan's device (a micro-batch split over devices)
 
     @classmethod
-    def by_gradient(cls, scope: str) -> Held:
+    def by_gradient(cls, scope: str, on_device: bool = False) -> Held:
         """What the gradient ops of the ops under `scope` read from them (TensorFlow names a gradient op
-        "gradient_tape/" + the forward op's name)."""
-        return cls(scope, (f"gradient_tape/{scope}",))
+        "gradient_tape/" + the forward op's name; a shard's own backward, `models.sharded.run`, is built under
+        it too); `on_device`: only what is made on the plan's device."""
+        return cls(scope, (f"gradient_tape/{scope}",), on_device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +74,8 @@ def needs(updater, optimizer, longest: int) -> list[DeviceNeed]:
     for plan in updater.runner.memory_plan():
         state = _placed(model.variables, plan.device) + _placed(model.trainable_variables, plan.device)
         state += _placed(optimizer.variables, plan.device)
-        kept = kept_bytes(graph, plan.kept, longest)
-        recomputed = kept_bytes(graph, plan.recomputed, longest) if plan.recomputed else 0
+        kept = kept_bytes(graph, plan.kept, longest, plan.device)
+        recomputed = kept_bytes(graph, plan.recomputed, longest, plan.device) if plan.recomputed else 0
         out.append(DeviceNeed(plan.device, state, kept, plan.in_flight, recomputed))
     return out
 
@@ -92,15 +94,16 @@ def check(needs_: list[DeviceNeed], budget_mb: int) -> None:
     )
 
 
-def kept_bytes(graph, held: Held, longest: int) -> int:
-    """Bytes of the tensors `held` names in `graph`, each counted once."""
+def kept_bytes(graph, held: Held, longest: int, device: str = "") -> int:
+    """Bytes of the tensors `held` names in `graph`, each counted once (`held.on_device`: made on `device`)."""
     made_in, read_in = f"{held.made_in}/", tuple(f"{scope}/" for scope in held.read_in)
+    here = spread.full_name(device) if held.on_device else None
     kept = {
         tensor.name
         for op in graph.get_operations()
         if op.name.startswith(read_in)
         for tensor in op.inputs
-        if tensor.op.name.startswith(made_in)
+        if tensor.op.name.startswith(made_in) and (here is None or spread.full_name(tensor.op.device) == here)
     }
     return sum(_bytes(graph.get_tensor_by_name(name), longest) for name in kept)
 

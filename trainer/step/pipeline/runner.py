@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from models import sharded
 from models import stages as stages_lib
 from trainer.step.core import micro_batch as mb
 from trainer.step.pipeline import schedules, stage_pass
@@ -37,9 +38,13 @@ class PipelineRunner:
       layout: the run's `trainer.step.core.tree.Layout` (which task holds each micro-batch).
       remat: recompute each stage's forward in its backward instead of keeping its activations, where the
         schedule keeps more than one micro-batch in flight (`stage_pass.way_for`).
+      groups: each tower's devices, its layers split over them (--tensor_parallel); None: each tower alone.
     """
 
-    def __init__(self, task, model, towers, stages, schedule: str, layout, num_micro_batches: int, remat=False):
+    def __init__(
+        self, task, model, towers, stages, schedule: str, layout, num_micro_batches: int, remat=False, groups=None
+    ):
+        self.groups = groups or [(tower,) for tower in towers]
         self.task, self.model, self.stages, self.layout = task, model, stages, layout
         self.num_stages, self.num_micro_batches = len(stages), num_micro_batches
         self.num_pipelines = len(towers) // self.num_stages
@@ -109,7 +114,11 @@ class PipelineRunner:
         for p in range(self.num_pipelines):
             for s, way in enumerate(self.ways):
                 scope = f"pipeline{p}_stage{s}_{{}}{p * per_pipeline}"
-                plans.append(way.memory(self.device(p, s), scope.format("F"), scope.format("B"), self.in_flight[s]))
+                group = self.groups[p * self.num_stages + s]
+                for device in group:
+                    plans.append(
+                        way.memory(device, scope.format("F"), scope.format("B"), self.in_flight[s], len(group) > 1)
+                    )
         return plans
 
     def wrap_micro_batch(self, wrap) -> None:
@@ -144,7 +153,12 @@ class PipelineRunner:
             for stage, (kind, local) in self.order:
                 j = pipeline * per_pipeline + local
                 device = self.device(pipeline, stage)
-                with tf.device(device), tf.name_scope(f"pipeline{pipeline}_stage{stage}_{kind}{j}"):
+                group = self.groups[pipeline * self.num_stages + stage]
+                with (
+                    tf.device(device),
+                    sharded.placed(group),
+                    tf.name_scope(f"pipeline{pipeline}_stage{stage}_{kind}{j}"),
+                ):
                     waits = [last_op[device]] if device in last_op else []
                     start = clock.start(device, waits + self.events.awaited(stage, kind, flows[j]))
                     with tf.control_dependencies(waits + ([start] if timed else [])):

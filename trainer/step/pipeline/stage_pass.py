@@ -95,9 +95,10 @@ class Taped:
         """(the tape, the pass it recorded, the stage's inputs) to differentiate."""
         return kept
 
-    def memory(self, device: str, forward: str, backward: str, in_flight: int) -> device_memory.Plan:
-        """Each micro-batch in flight holds what the gradient ops of its forward read."""
-        return device_memory.Plan(device, in_flight, device_memory.Held.by_gradient(forward))
+    def memory(self, device: str, forward: str, backward: str, in_flight: int, split=False) -> device_memory.Plan:
+        """Each micro-batch in flight holds what the gradient ops of its forward read (`split`: those made on
+        `device`, one of the stage's tensor-parallel devices)."""
+        return device_memory.Plan(device, in_flight, device_memory.Held.by_gradient(forward, split))
 
 
 class Recomputed:
@@ -118,11 +119,11 @@ class Recomputed:
             tape, result = _taped(run, sources, kept)
         return tape, result, kept
 
-    def memory(self, device: str, forward: str, backward: str, in_flight: int) -> device_memory.Plan:
+    def memory(self, device: str, forward: str, backward: str, in_flight: int, split=False) -> device_memory.Plan:
         """Each micro-batch in flight holds its inputs (what the backward reads from the forward); one
-        backward at a time holds what its recomputation's gradient ops read."""
-        held = device_memory.Held(forward, (backward, f"gradient_tape/{backward}"))
-        recomputed = device_memory.Held.by_gradient(f"{backward}/{RECOMPUTE}")  # not the tape's sums in `backward`
+        backward at a time holds what its recomputation's gradient ops read (`split`: those made on `device`)."""
+        held = device_memory.Held(forward, (backward, f"gradient_tape/{backward}"), split)
+        recomputed = device_memory.Held.by_gradient(f"{backward}/{RECOMPUTE}", split)  # not the tape's sums
         return device_memory.Plan(device, in_flight, held, recomputed=recomputed)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from models import sharded
 from trainer.settings.config import Pipeline
 from trainer.step.core import micro_batch as mb
 from trainer.step.memory import device_memory
@@ -18,8 +19,9 @@ from trainer.system.devices import tower_of_micro_batch
 class TowerRunner:
     """Each micro-batch forward and backward on one tower, with its task's copy of the values."""
 
-    def __init__(self, task, model, towers, layout, num_micro_batches: int, jit_compile: bool):
+    def __init__(self, task, model, towers, layout, num_micro_batches: int, jit_compile: bool, groups=None):
         self.towers, self.layout, self.num_micro_batches = towers, layout, num_micro_batches
+        self.groups = groups or [(tower,) for tower in towers]  # each tower's devices (--tensor_parallel)
         self.micro_batch = mb.micro_batch_fn(task, model, jit_compile)
         self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
 
@@ -30,7 +32,7 @@ class TowerRunner:
         results, starts, ends = [], {}, {}
         for j in range(self.num_micro_batches):
             tower = tower_of_micro_batch(j, self.num_micro_batches, num_towers)
-            with tf.device(self.towers[tower]):
+            with tf.device(self.towers[tower]), sharded.placed(self.groups[tower]):
                 if tower not in starts:
                     with tf.control_dependencies(tf.nest.flatten(batches[j])):
                         starts[tower] = mb.now(step) if timed else tf.constant(0.0, tf.float64)
@@ -57,29 +59,36 @@ class TowerRunner:
         """Per tower, for `trainer.step.memory.device_memory`: what one of its micro-batches' gradient ops read from its
         forward, times the micro-batches alive there at once (not ordered on a tower, so all of them)."""
         per_tower = self.num_micro_batches // len(self.towers)
+        split = len(self.groups[0]) > 1  # a tower's micro-batch spans its devices: each counts what it holds
         return [
-            device_memory.Plan(device, per_tower, device_memory.Held.by_gradient(f"micro_batch{t * per_tower}"))
-            for t, device in enumerate(self.towers)
+            device_memory.Plan(device, per_tower, device_memory.Held.by_gradient(f"micro_batch{t * per_tower}", split))
+            for t, group in enumerate(self.groups)
+            for device in group
         ]
 
 
-def make_runner(task, model, towers, layout, num_micro_batches: int, jit_compile: bool, plan: Pipeline):
-    """The runner of a sync step: `PipelineRunner` over `plan`'s stages, or `TowerRunner` for 1."""
+def make_runner(task, model, placement, layout, num_micro_batches: int, jit_compile: bool, plan: Pipeline):
+    """The runner of a sync step: `PipelineRunner` over `plan`'s stages, or `TowerRunner` for 1; either runs each
+    tower's part over the tower's devices (`placement.group`: one, or T with --tensor_parallel)."""
+    towers = placement.towers
+    groups = [placement.group(i) for i in range(len(towers))]
     if plan.stages == 1:
-        return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile)
+        return TowerRunner(task, model, towers, layout, num_micro_batches, jit_compile, groups)
     cut = cut_of(model, plan)
-    return runner.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches, plan.remat)
+    return runner.PipelineRunner(task, model, towers, cut, plan.schedule, layout, num_micro_batches, plan.remat, groups)
 
 
-def inference(model, towers, plan: Pipeline):
+def inference(model, placement, plan: Pipeline):
     """`forward(tower, inputs) -> outputs` of the model in inference mode on tower `tower`'s part of an eval
     batch: the whole model on that tower, or, with stages, each stage of the pipeline the part goes to on its
-    own device (a model too large for one device is evaluated where it trains). Part i of N goes to pipeline
-    i*P//N, as micro-batches do; the same ops either way, so the same outputs."""
+    own device (a model too large for one device is evaluated where it trains), each over its tower's devices
+    (--tensor_parallel). Part i of N goes to pipeline i*P//N, as micro-batches do; the same ops either way, so
+    the same outputs."""
+    towers = placement.towers
     if plan.stages == 1:
 
         def whole(tower: int, inputs):
-            with tf.device(towers[tower]):
+            with tf.device(towers[tower]), sharded.placed(placement.group(tower)):
                 return model(inputs, training=False)
 
         return whole
@@ -89,7 +98,7 @@ def inference(model, towers, plan: Pipeline):
     def staged(tower: int, inputs):
         first = tower_of_micro_batch(tower, len(towers), num_pipelines) * plan.stages
         for s, stage in enumerate(cut):
-            with tf.device(towers[first + s]):
+            with tf.device(towers[first + s]), sharded.placed(placement.group(first + s)):
                 inputs = stage.call(inputs, training=False)
         return inputs
 

@@ -75,7 +75,7 @@ class SyncUpdate(BaseUpdate):
         self.examples_per_step = sum(mb.batch_size(it.element_spec) for it in iterators)
         layout = (fused_buffers.FusedLayout if fuse_transfers else tree.Layout).of(placement, num_micro_batches)
         self.mirrors = self._make_mirrors(make_optimizer, layout)
-        self.runner = make_runner(task, model, placement.towers, layout, num_micro_batches, jit_compile, pipeline)
+        self.runner = make_runner(task, model, placement, layout, num_micro_batches, jit_compile, pipeline)
         with tf.device(placement.host):  # read by the in-graph loop before every step
             self._interrupted = tf.Variable(False, trainable=False, name="interrupted")
         self.graph = StepGraph(self, self.mirrors, self.runner, self._interrupted)
