@@ -83,6 +83,16 @@ def digits_cache(tmp_path_factory):
 @pytest.fixture
 def make_config(tmp_path):
     """Returns a factory of small, fast RunConfigs on logical CPU towers; keyword groups override fields."""
+    return _config_factory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def make_module_config(tmp_path_factory):
+    """`make_config` for a module-scoped fixture (a run several tests compare against)."""
+    return _config_factory(tmp_path_factory.mktemp("module_config"))
+
+
+def _config_factory(tmp_path):
     from trainer.settings import config as cfg
 
     def make(model_dir=None, seed=0, deterministic=True, **groups):

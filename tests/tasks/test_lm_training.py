@@ -300,7 +300,10 @@ def test_a_model_too_large_for_one_device_is_refused_with_its_numbers_and_fits_o
     assert re.match(
         r"a step needs ~18\.8 MiB on /device:CPU:0 \(variables, slots and gradients 12\.5 MiB \+ 1 micro-batch", message
     )
-    assert "more than --device_memory_mb=7; cut the model over more devices (--pipeline_stages)" in message
+    assert (
+        "more than --device_memory_mb=7; cut the model over more devices (--pipeline_stages, --tensor_parallel)"
+        in message
+    )
     with pytest.raises(cfg.ConfigError) as staged:
         build(config(4))
     kept_mib = re.match(

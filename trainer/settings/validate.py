@@ -51,10 +51,12 @@ def _towers(t: cfg.TowerConfig) -> None:
     k = t.num_micro_batches
     require(k >= 1, f"--micro_batches ({t.micro_batches}) must be at least 1 (or 0 for one per tower)")
     tasks = f" x {t.num_tasks} tasks" if t.num_tasks > 1 else ""
+    split = f" / --tensor_parallel={t.tensor_parallel}" if t.tensor_parallel > 1 else ""
     require(
         k % t.total_towers == 0,
-        f"--micro_batches ({k}) must be a multiple of the towers (--num_gpus={t.num_towers}{tasks}) so every "
-        f"tower gets the same number of micro-batches{_task_counts(k, t.num_towers) if t.num_tasks > 1 else ''}",
+        f"--micro_batches ({k}) must be a multiple of the towers (--num_gpus={t.num_towers}{split}{tasks}) so "
+        f"every tower gets the same number of micro-batches"
+        f"{_task_counts(k, t.towers_per_task) if t.num_tasks > 1 else ''}",
     )
     require(
         t.global_batch_size % k == 0,

@@ -90,7 +90,7 @@ def check(needs_: list[DeviceNeed], budget_mb: int) -> None:
         f"a step needs ~{worst.total / MIB:.1f} MiB on {worst.device} (variables, slots and gradients "
         f"{worst.state / MIB:.1f} MiB + {worst.in_flight} micro-batch(es) x {worst.kept / MIB:.1f} MiB of kept "
         f"activations{recomputed}), more than --device_memory_mb={budget_mb}; cut the model over more devices "
-        "(--pipeline_stages), or lower the micro-batch (--micro_batches, --global_batch_size)"
+        "(--pipeline_stages, --tensor_parallel), or lower the micro-batch (--micro_batches, --global_batch_size)"
     )
 
 
