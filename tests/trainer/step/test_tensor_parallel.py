@@ -159,3 +159,30 @@ def test_shards_that_do_not_divide_the_model_are_refused(heads, vocab, what):
 
     with pytest.raises(ModelError, match=rf"--tensor_shards \(4\) must divide the {what}"):
         transformer_lm(vocab, layers=1, heads=heads, width=12 * heads, context=8, shards=4)
+
+
+def test_two_tasks_of_t2_killed_after_a_checkpoint_resume_in_one_process_at_t4_bitwise(
+    byte_records, one_device, tmp_path
+):
+    """A tower within each machine, data parallel across machines (2 tasks x 1 tower of 2 devices, the shards'
+    variables on task 0's), SIGKILLed after its step-2 checkpoint; one process of one tower of 4 devices resumes
+    it: the weights of one device."""
+    import glob
+
+    from tests.support.cluster import Job, metrics, tf_config_envs
+
+    flags = (
+        f"--train_data={byte_records['train_data']}",
+        f"--eval_data={byte_records['eval_data']}",
+        *("--task=lm", "--lm_layers=1", "--lm_heads=4", "--lm_width=128", "--lm_context=16", "--seed=0"),
+        *("--optimizer=adamw", "--learning_rate=0.003", "--lr_schedule=constant", "--global_batch_size=4"),
+        *("--micro_batches=2", f"--tensor_shards={N}", f"--train_steps={STEPS}", "--checkpoint_every_steps=2"),
+    )
+    job = Job(tmp_path / "run", tf_config_envs(2), 2, *flags, "--tensor_parallel=2")
+    job.wait_for_step(3)
+    job.kill()
+    assert glob.glob(str(tmp_path / "run" / "checkpoints" / "ckpt-2.index")), "no checkpoint before the kill"
+    rerun = Job(tmp_path / "run", [{}], 4, *flags, "--tensor_parallel=4")
+    assert rerun.wait() == [0], rerun.output(0)[-3000:]
+    assert "at step 2" in rerun.output(0)
+    assert metrics(tmp_path / "run")["weights_sha256"] == one_device["weights_sha256"]

@@ -91,13 +91,19 @@ class Layout:
     towers: tuple[str, ...]
     hosts: tuple[str, ...]  # one per task
     num_micro_batches: int
+    devices: tuple[str, ...] = ()  # every device of the towers, task-major (--tensor_parallel: T a tower); (): towers
 
     @classmethod
     def of(cls, placement, num_micro_batches: int) -> Layout:
         """The layout of a run's `trainer.system.devices.Placement`."""
         per_task = len(placement.towers) // placement.num_tasks
         hosts = tuple(placement.host_of(t * per_task) for t in range(placement.num_tasks))
-        return cls(placement.towers, hosts, num_micro_batches)
+        devices = tuple(device for tower in range(len(placement.towers)) for device in placement.group(tower))
+        return cls(placement.towers, hosts, num_micro_batches, devices)
+
+    @property
+    def _devices(self) -> tuple[str, ...]:
+        return self.devices or self.towers
 
     @property
     def num_tasks(self) -> int:
@@ -122,22 +128,22 @@ class Layout:
     def task_of_device(self, device: str) -> int:
         if self.num_tasks == 1:
             return 0
-        spec, per_task = spread.full_name(device), len(self.towers) // self.num_tasks
+        spec, per_task = spread.full_name(device), len(self._devices) // self.num_tasks
         for task in range(self.num_tasks):
-            group = (*self.towers[task * per_task : (task + 1) * per_task], self.hosts[task])
+            group = (*self._devices[task * per_task : (task + 1) * per_task], self.hosts[task])
             if any(spread.full_name(d) == spec for d in group):
                 return task
         raise ValueError(f"{device} is none of the run's towers or task CPUs")
 
     def twin(self, device: str, task: int) -> str:
         """The device of `task` with `device`'s place on its own task (same tower index, or the CPU)."""
-        owner_task, per_task = self.task_of_device(device), len(self.towers) // self.num_tasks
+        owner_task, per_task = self.task_of_device(device), len(self._devices) // self.num_tasks
         if owner_task == task:
             return device
         spec = spread.full_name(device)
         for i in range(per_task):
-            if spread.full_name(self.towers[owner_task * per_task + i]) == spec:
-                return self.towers[task * per_task + i]
+            if spread.full_name(self._devices[owner_task * per_task + i]) == spec:
+                return self._devices[task * per_task + i]
         return self.hosts[task]
 
     def fanout(self, values: Sequence, owners: Sequence[str], local: dict | None = None) -> list[list]:
