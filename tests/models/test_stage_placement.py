@@ -88,8 +88,10 @@ def test_eval_runs_each_stage_of_a_parts_pipeline_on_its_device_with_the_whole_m
     from trainer.step.sync import runners
 
     model = _cnn()
-    towers = [f"/device:CPU:{i}" for i in range(4)]
-    forward = runners.inference(model, towers, cfg.Pipeline(stages=2))
+    from trainer.system.devices import Placement
+
+    towers = tuple(f"/device:CPU:{i}" for i in range(4))
+    forward = runners.inference(model, Placement(towers, towers[0]), cfg.Pipeline(stages=2))
     parts = tf.random.stateless_uniform((4, 2, 8, 8, 1), seed=(1, 2))
 
     @tf.function
@@ -105,5 +107,5 @@ def test_eval_runs_each_stage_of_a_parts_pipeline_on_its_device_with_the_whole_m
     assert devices == {"conv1": [0, 0, 2, 2], "logits": [1, 1, 3, 3]}
     for i, outputs in enumerate(every_part(parts)):
         assert np.array_equal(outputs.numpy(), model(parts[i], training=False).numpy())
-    whole = runners.inference(model, towers, cfg.Pipeline())
+    whole = runners.inference(model, Placement(towers, towers[0]), cfg.Pipeline())
     assert np.array_equal(whole(3, parts[3]).numpy(), model(parts[3], training=False).numpy())

@@ -21,6 +21,7 @@ from models.transformer import attention_mask, parameter_count, rotary, transfor
 from tasks import sample
 from tasks.lm import LanguageModel
 from tests.support.paths import ROOT
+from trainer.settings import config as cfg
 
 CHARS = ["\n", " ", "a", "b", "é", "€", "😀"]  # UTF-8 lengths 1, 1, 1, 1, 2, 3, 4
 
@@ -179,6 +180,7 @@ def _config(tmp_path, chars=CHARS, tokens="char", context=8, **task):
     options = dict(layers=1, heads=2, width=8, context=context, positions="learned", dropout=0.0) | task
     return types.SimpleNamespace(
         task=types.SimpleNamespace(option_dict=options),  # the task's own arguments (tasks.lm_options)
+        towers=cfg.TowerConfig(),  # --tensor_shards (1): the model in one piece
         data=types.SimpleNamespace(train_data=str(tmp_path / "train-*")),
         seed=0,
     )

@@ -169,7 +169,7 @@ def _stage_and_shard_owners(model, plan, split) -> list[int]:
         raise ConfigError(
             f"--tensor_shards={split.shards} (--tensor_parallel={split.parallel}) needs a model whose layers are "
             f"split into {split.shards} shards; model {model.name!r} has {sharded.shard_count(model)} "
-            "(the built-in --task=lm splits its layers; docs/tensor_parallel.md)"
+            "(a model built of models.sharded layers, as the built-in language model is; docs/tensor_parallel.md)"
         )
     stage_of = stages.variable_stages(model, plan.stages, plan.cuts) if plan.stages > 1 else [0] * len(model.variables)
     shard_of = sharded.shard_of_variables(model)

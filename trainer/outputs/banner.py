@@ -31,7 +31,7 @@ def start_lines(config: RunConfig, state) -> list[str]:
         f"model      {state.task.model_description(state.model)}: {params:,} trainable parameters, "
         f"{_mb(state.model.variables)} MB of variables "
         f"{_variables_where(state, staged)}; {t.mixed_precision or 'float32'}{', XLA' if t.jit_compile else ''}",
-        *(_pipeline_lines(staged, state.placement, mode) if staged else _tower_lines(state.placement, mode)),
+        *(_pipeline_lines(staged, state.placement, mode) if staged else _tower_lines(state.placement, mode, t.tensor)),
         f"batch      {t.global_batch_size} per step = {t.num_micro_batches} micro-batches of {t.micro_batch_size}",
         f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; {what}",
         *more,
@@ -51,8 +51,11 @@ def _variables_where(state, staged: PipelineRunner | None) -> str:
     """Where the model's variables live: each stage's on its device, spread over the towers (with those kept on
     every task, `trainer.step.transfers.mirrors`), or all on the parameter device."""
     placement = state.placement
+    split = "; each shard's on its device" if state.config.towers.tensor.parallel > 1 else ""
     if staged is not None:
-        return "on each stage's device" + (" of pipeline 0" if staged.num_pipelines > 1 else "")
+        return "on each stage's device" + (" of pipeline 0" if staged.num_pipelines > 1 else "") + split
+    if split:
+        return f"on {placement.towers[0]}{split} of tower 0"
     if not placement.spread_over:
         return f"on {placement.parameter_device}"
     mirrors = getattr(state.updater, "mirrors", None)
@@ -61,9 +64,16 @@ def _variables_where(state, staged: PipelineRunner | None) -> str:
     return f"spread over the {len(placement.spread_over)} towers{also}"
 
 
-def _tower_lines(placement, mode: str) -> list[str]:
-    towers = ", ".join(placement.describe_tower(i) + f" ({d})" for i, d in enumerate(placement.towers))
-    return [f"towers     {len(placement.towers)} ({mode}): {towers}"]
+def _tower_lines(placement, mode: str, split=None) -> list[str]:
+    """`towers N (mode): tower 0 (device), ...`; with --tensor_parallel, each tower's devices and the shards."""
+    if split is None or split.parallel == 1:
+        towers = ", ".join(placement.describe_tower(i) + f" ({d})" for i, d in enumerate(placement.towers))
+        return [f"towers     {len(placement.towers)} ({mode}): {towers}"]
+    towers = ", ".join(
+        placement.describe_tower(i) + f" ({' + '.join(placement.group(i))})" for i in range(len(placement.towers))
+    )
+    how = f"{mode}; {split.shards} shards per split layer, {split.shards // split.parallel} per device"
+    return [f"towers     {len(placement.towers)} of {split.parallel} devices ({how}): {towers}"]
 
 
 def _pipeline_lines(runner: PipelineRunner, placement, mode: str) -> list[str]:
@@ -77,7 +87,10 @@ def _pipeline_lines(runner: PipelineRunner, placement, mode: str) -> list[str]:
     pipes = []
     for p in range(runner.num_pipelines):
         first = p * runner.num_stages
-        devices = [placement.describe_tower(first + s) + f" ({runner.device(p, s)})" for s in range(runner.num_stages)]
+        devices = [
+            placement.describe_tower(first + s) + f" ({' + '.join(placement.group(first + s))})"
+            for s in range(runner.num_stages)
+        ]
         pipes.append(f"pipeline {p} " + " -> ".join(devices))
     head = f"pipelines  {runner.num_pipelines} of {runner.num_stages} stages ({how}): {', '.join(pipes)}"
     return [head, *(_stage_line(runner, s) for s in range(runner.num_stages))]

@@ -113,6 +113,7 @@ def final_metrics(state, results: dict, examples_per_sec: float | None, attempts
         "weights_sha256": weights_sha256(state.model.variables),
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
         "devices": list(state.placement.towers),
+        "tensor_parallel": {"devices_per_tower": t.tensor.parallel, "shards": t.tensor.shards},
         "versions": versions.describe(),
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
         "cost_warnings": cost_warnings(config),  # settings measured slower on these devices; [] for none

@@ -61,7 +61,7 @@ def tensor() -> list[Flag]:
             "T: a tower is T devices, and each wide layer of the model is split over them (tensor parallelism, "
             "docs/tensor_parallel.md: attention by heads, the MLP by columns then rows, embedding and head by "
             "vocabulary). --num_gpus = data x stages x T on each task. Same weights bitwise for every T dividing "
-            "--tensor_shards. Sync only; the built-in --task=lm.",
+            "--tensor_shards. Sync only; a model built of split layers (the built-in language model's).",
             FREE,
             check=at_least(1),
         ),

@@ -179,6 +179,7 @@ def test_the_map_names_where_each_decision_is_made_and_those_functions_exist():
         "a built-in task's own arguments and rules (`--lm_width` ...; `--num_classes` with own records)",
         "the data settings",
         "the placement",
+        "the tensor split",
         "how a sync step runs its micro-batches",
         "what may change on resume",
     ]

@@ -123,7 +123,7 @@ def test_models_that_cannot_be_cut_are_refused_in_one_line():
 @pytest.mark.parametrize(
     "towers, message",
     [
-        ({"num_towers": 4, "pipeline_stages": 3}, "--pipeline_stages (3) must divide --num_gpus (4)"),
+        ({"num_towers": 4, "pipeline_stages": 3}, "--pipeline_stages (3) must divide the towers of a task (--num_gpus"),
         ({"num_towers": 2, "pipeline_stages": 2, "parameter_device": "spread"}, "--parameter_device=spread cannot"),
         ({"num_towers": 2, "pipeline_stages": 2, "jit_compile": True}, "--xla cannot be used with --pipeline_stages"),
         ({"num_towers": 2, "pipeline_stages": 2, "update_mode": "async"}, "needs --update_mode=sync"),
