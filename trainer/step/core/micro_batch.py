@@ -157,8 +157,9 @@ def check_task(task, model, element_spec, length: int = 1) -> None:
     task_metrics(task, outputs, batch)
 
 
-def now(anchor: tf.Tensor) -> tf.Tensor:
-    """Wall-clock seconds as a graph op, taken once the control dependencies around it are met.
+def now(anchor: tf.Tensor, timed) -> tf.Tensor:
+    """Wall-clock seconds as a graph op, taken once the control dependencies around it are met, when `timed` (a
+    bool tensor: one traced step serves timed and untimed steps); 0 otherwise.
 
     A stateless host callback on a runtime value: `tf.timestamp` is refused under op determinism, and a
     stateful callback (`tf.py_function`) is chained to every other stateful op in the order the function was
@@ -167,7 +168,12 @@ def now(anchor: tf.Tensor) -> tf.Tensor:
     scalar, e.g. the global step) is copied under the caller's control dependencies, so the callback cannot be
     constant-folded or merged with another clock.
     """
-    return tf.numpy_function(_seconds, [tf.identity(anchor)], tf.float64, stateful=False)
+
+    def clock():
+        seconds = tf.numpy_function(_seconds, [tf.identity(anchor)], tf.float64, stateful=False)
+        return tf.ensure_shape(seconds, [])  # a scalar, so an in-graph loop can carry the step's times
+
+    return tf.cond(timed, clock, lambda: tf.constant(0.0, tf.float64))
 
 
 def _seconds(_) -> np.float64:
