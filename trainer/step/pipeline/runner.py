@@ -131,13 +131,14 @@ class PipelineRunner:
 
         Args:
           batches: the K micro-batches; trainable, non_trainable: per task, the variables' values.
-          step: the global step (the seeds); timed: a bool tensor, whether to measure each device's time.
+          step: the global step (the seeds); timed: whether to measure each device's time (a bool, or a bool
+            tensor: `mb.now`).
           loss_scale: fp16's loss scale (see `towers.run_micro_batch`), or None.
 
         Returns:
           (a `towers.MicroBatchResult` per micro-batch, in order; {"tower_step_sec": per tower, its first event's
           start to its last event's end; "event_sec": [start, end] of each event, named by `event_names`}, 0s
-          when not `timed`).
+          when `timed` is a false tensor, {} when it is the bool False).
         """
         per_pipeline = self.num_micro_batches // self.num_pipelines
         flows = []
@@ -154,7 +155,7 @@ class PipelineRunner:
                 with tf.device(device), tf.name_scope(f"pipeline{pipeline}_stage{stage}_{kind}{j}"):
                     waits = [last_op[device]] if device in last_op else []
                     start = clock.start(device, waits + self.events.awaited(stage, kind, flows[j]))
-                    with tf.control_dependencies(waits + [start]):
+                    with tf.control_dependencies(waits + ([start] if clock.clocked else [])):
                         run = self.events.forward if kind == "F" else self.events.backward
                         last_op[device] = tf.group(*run(stage, flows[j], trainable[flows[j].task]), name="done")
                     clock.end(device, last_op[device])

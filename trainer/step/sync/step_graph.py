@@ -39,8 +39,9 @@ class StepGraph:
         return (tf.constant(0.0), mb.zero_metrics(self.head.task), tf.constant(0.0))
 
     def step(self, iterators, report, want_gradients: bool):
-        """One step: returns its metrics, the towers' times (measured when `report`, a bool or a bool tensor; 0s
-        otherwise) and, when `want_gradients`, the gradients."""
+        """One step: returns its metrics, the towers' times (measured when `report`, a bool tensor or a bool: 0s
+        when a false tensor, left out, with no clock ops, when the bool False) and, when `want_gradients`, the
+        gradients."""
         head = self.head
         batches = []
         for placed, iterator in zip(head.iterators, iterators, strict=True):
@@ -50,8 +51,7 @@ class StepGraph:
             step = head.global_step.read_value()
             scale = loss_scale(head.optimizer)
         trainable, non_trainable = self._copies()
-        timed = tf.convert_to_tensor(report, tf.bool)
-        results, timings = self.runner.run(batches, trainable, non_trainable, step, timed, scale)
+        results, timings = self.runner.run(batches, trainable, non_trainable, step, report, scale)
         with tf.device(head.placement.parameter_device):
             metrics = self._apply(results, scale, non_trainable)
         metrics.update(timings)
