@@ -29,8 +29,8 @@ from tests.support.node_jobs import (
 
 pytestmark = pytest.mark.twonode
 
-# ~12 ms a step across the two nodes on 2 cores, ~33 CPU-ms a step in each task (a task's start is ~5 CPU-s):
-# what a job costs is its steps. The faults come at step 75 to 300, each at a step the test sees in the log: a
+# ~12 ms a step across the two nodes on 2 cores; most of a job's CPU is its steps (a 600-step task took ~25 CPU-s,
+# a 400-step one ~18). The faults come at step 75 to 300, each at a step the test sees in the log: a
 # kill or a freeze at once, a network cut while the tasks are held still (tests/support/holds.py), so that no
 # fault needs training after it to land mid-run (the jobs were 1,200 steps for that, then 600).
 STEPS = 400
