@@ -16,14 +16,7 @@ import pytest
 from launch.testslurm import slurm_daemons
 from tests.support.cluster import Job, metrics
 from tests.support.holds import held, trainer_pids
-from tests.support.node_jobs import (
-    DONE,
-    attempts_in_log,
-    log_of,
-    submit,
-    wait_for_step_of_restart,
-    wait_for_steps_past_resume,
-)
+from tests.support.node_jobs import DONE, attempts_in_log, log_of, submit, wait_for_steps_past_resume
 
 pytestmark = pytest.mark.twonode
 
@@ -57,7 +50,7 @@ def resized_job(node_slurm, tmp_path_factory) -> ResizedJob:
     job_id = 0
     try:
         job_id = submit(slurm, model_dir, LAYOUT, nodes="1-3", num_gpus=1)
-        wait_for_step_of_restart(model_dir, job_id, 0, STEPS_PER_ATTEMPT)
+        wait_for_steps_past_resume(model_dir, job_id, 0, STEPS_PER_ATTEMPT)  # from step 0
         with held(trainer_pids(model_dir), signal.SIGUSR1):  # still until the warning is pending (holds.py)
             slurm.set_state("tfn2", "DRAIN")  # before the warning: the requeued job must not get it back
             _warn(slurm, job_id)
