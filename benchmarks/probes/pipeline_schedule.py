@@ -97,7 +97,7 @@ def run(schedule: str, args) -> dict:
     )
     trainer = build(config)
     updater = trainer.updater
-    updater.train_steps(2)  # traces both step functions
+    updater.train_steps(2)  # traces the step's graph (the in-graph loop every window runs)
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()

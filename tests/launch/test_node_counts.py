@@ -8,18 +8,21 @@ with the weights of one uninterrupted process. The job is shared by the tests be
 things about it."""
 
 import dataclasses
-import json
 import re
+import signal
 
 import pytest
 
 from launch.testslurm import slurm_daemons
 from tests.support.cluster import Job, metrics
-from tests.support.node_jobs import DONE, attempts_in_log, log_of, submit, wait_for_step_of_restart
+from tests.support.holds import held, trainer_pids
+from tests.support.node_jobs import DONE, attempts_in_log, log_of, submit, wait_for_steps_past_resume
 
 pytestmark = pytest.mark.twonode
 
-STEPS = 300
+# Each warning (and the node changes before it) comes while the job's tasks are held still at a step until it is
+# pending (tests/support/holds.py), so the job needs no length of its own to outlast it: 120 steps, not 300.
+STEPS = 120
 LAYOUT = ("--micro_batches=6", "--global_batch_size=48", f"--train_steps={STEPS}", "--seed=11", "--log_every_steps=10")
 # Steps each attempt trains at least before the warning (the stop comes at the next step boundary).
 STEPS_PER_ATTEMPT = 30
@@ -47,13 +50,15 @@ def resized_job(node_slurm, tmp_path_factory) -> ResizedJob:
     job_id = 0
     try:
         job_id = submit(slurm, model_dir, LAYOUT, nodes="1-3", num_gpus=1)
-        wait_for_step_of_restart(model_dir, job_id, 0, STEPS_PER_ATTEMPT)
-        slurm.set_state("tfn2", "DRAIN")  # before the warning: the requeued job must not get it back
-        _warn(slurm, job_id)
-        _wait_for_steps_of_restart(model_dir, job_id, 1, STEPS_PER_ATTEMPT)
-        for node in ("tfn2", "tfn3"):
-            slurm.set_state(node, "RESUME")
-        _warn(slurm, job_id)
+        wait_for_steps_past_resume(model_dir, job_id, 0, STEPS_PER_ATTEMPT)  # from step 0
+        with held(trainer_pids(model_dir), signal.SIGUSR1):  # still until the warning is pending (holds.py)
+            slurm.set_state("tfn2", "DRAIN")  # before the warning: the requeued job must not get it back
+            _warn(slurm, job_id)
+        wait_for_steps_past_resume(model_dir, job_id, 1, STEPS_PER_ATTEMPT)
+        with held(trainer_pids(model_dir), signal.SIGUSR1):
+            for node in ("tfn2", "tfn3"):
+                slurm.set_state(node, "RESUME")
+            _warn(slurm, job_id)
         info = slurm.wait_for_state(job_id, DONE, timeout_sec=240)
     finally:  # a failure here must leave neither the job nor a drained node to the next test
         if job_id:
@@ -66,13 +71,6 @@ def resized_job(node_slurm, tmp_path_factory) -> ResizedJob:
 def _warn(slurm, job_id: int) -> None:
     """The time-limit warning, as Slurm sends it (`--signal=USR1@W` without B:): SIGUSR1 to every step task."""
     slurm_daemons.run(["scancel", "--signal=USR1", str(job_id)], slurm.env)
-
-
-def _wait_for_steps_of_restart(model_dir, job_id: int, restart: int, steps: int) -> None:
-    """Until restart `restart` of the job has trained `steps` steps past the one it resumed from."""
-    wait_for_step_of_restart(model_dir, job_id, restart, 1)  # it has begun: attempts.json has its record
-    resumed = json.loads((model_dir / "attempts.json").read_text())[restart]["resumed_from_step"]
-    wait_for_step_of_restart(model_dir, job_id, restart, resumed + steps)
 
 
 def _sha256(model_dir) -> str:

@@ -23,10 +23,11 @@ from tests.support.runs import run_trainer
 pytestmark = pytest.mark.slurm
 
 # Each interruption is asked for while the job's trainer is held still at a step (tests/support/holds.py), so a
-# job needs no length of its own to outlast the signal's arrival: 600 steps (the jobs were 5,000 steps, 50-65 s
-# of training, so that a --time=1 job still trained when its warning came 15-45 s in; 18 attempts once).
-TRAIN_STEPS = 600
-HOLD_AT = 200
+# job needs no length of its own to outlast the signal's arrival: 300 steps (the jobs were 5,000 steps, 50-65 s
+# of training, so that a --time=1 job still trained when its warning came 15-45 s in; 18 attempts once; then
+# 600 held at step 200: most of a job's CPU is its steps, not its starts).
+TRAIN_STEPS = 300
+HOLD_AT = 100
 TRAINER_FLAGS = [
     "--device=cpu",
     "--num_gpus=2",
@@ -126,8 +127,8 @@ def test_a_short_job_finishes_and_names_its_job(capsys, slurm_env, tmp_path):
 
 @pytest.fixture(scope="module")
 def requeued_then_preempted(local_slurm, tmp_path_factory) -> tuple[int, str, int]:
-    """One job for two tests: `scontrol requeue` at step 200 of its first attempt, then preempted by an urgent
-    job 200 steps into its second, each asked for while the trainer is held at that step. Returns the job id,
+    """One job for two tests: `scontrol requeue` at step 100 of its first attempt, then preempted by an urgent
+    job 100 steps into its second, each asked for while the trainer is held at that step. Returns the job id,
     its model_dir and the urgent job's id."""
     model_dir = tmp_path_factory.mktemp("interrupted") / "run"
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
@@ -162,7 +163,7 @@ def test_scontrol_requeue_mid_run_resumes_bitwise(slurm_env, requeued_then_preem
 def test_time_limit_requeues_itself_and_finishes_bitwise(capsys, slurm_env, tmp_path, reference_sha256):
     model_dir = tmp_path / "timelimit"
     # --time=1 with a 15 s warning: SIGUSR1 comes 15-45 s into every attempt (slurmctld checks every 30 s). The
-    # trainer is held at step 200 until the warning is pending, so the first attempt that gets there trains and
+    # trainer is held at step 100 until the warning is pending, so the first attempt that gets there trains and
     # is requeued. On a loaded machine an attempt's start-up can outlast the window (27 s once, in CI): that
     # attempt trains nothing and is requeued as one without progress, which --max_requeues=3 allows three times
     # in a row. A later attempt may be warned again before it ends: another requeue, counted the same way.

@@ -18,14 +18,22 @@ from launch.testslurm import node_slurm as node_lib
 from launch.testslurm import slurm_daemons
 from tests.support.cluster import Job, metrics, slurm_task_pid
 from tests.support.holds import stopped, trainer_pids
-from tests.support.node_jobs import DONE, log_of, submit, wait_for_step_of_restart
+from tests.support.node_jobs import (
+    DONE,
+    attempts_in_log,
+    log_of,
+    submit,
+    wait_for_step_of_restart,
+    wait_for_steps_past_resume,
+)
 
 pytestmark = pytest.mark.twonode
 
-# ~12 ms a step across the two nodes on 2 cores. The faults come at step 150 to 450, each at a step the test
-# sees in the log: a kill or a freeze at once, a network cut while the tasks are held still (tests/support/holds.py),
-# so that no fault needs training after it to land mid-run (the jobs were 1,200 steps for that).
-STEPS = 600
+# ~12 ms a step across the two nodes on 2 cores; most of a job's CPU is its steps (a 600-step task took ~25 CPU-s,
+# a 400-step one ~18). The faults come at step 75 to 300, each at a step the test sees in the log: a
+# kill or a freeze at once, a network cut while the tasks are held still (tests/support/holds.py), so that no
+# fault needs training after it to land mid-run (the jobs were 1,200 steps for that, then 600).
+STEPS = 400
 LAYOUT = ("--micro_batches=4", "--global_batch_size=64", f"--train_steps={STEPS}", "--seed=5", "--log_every_steps=50")
 
 
@@ -142,24 +150,66 @@ def test_a_network_outage_shorter_than_the_peer_timeout_is_ridden_out(short_outa
     assert result["weights_sha256"] == one_process_sha256
 
 
-def test_a_longer_outage_ends_every_task_and_the_job_requeues_itself_and_finishes(
-    two_node_slurm, tmp_path, one_process_sha256
-):
-    """tfn2's link down for 25 s with --peer_timeout_sec=8: each task ends with 75 naming the other; tfn2's
-    task-exit message is lost, so the batch shell ends the waiting srun and requeues the job, which resumes
-    and finishes with the weights of one process."""
-    model_dir = tmp_path / "long-outage"
-    job_id = _submit_and_cut(two_node_slurm, model_dir, 25.0, "--peer_timeout_sec=8")
-    info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=360)
-    log = log_of(model_dir, job_id)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
+@pytest.fixture(scope="module")
+def faulted_job(node_slurm, tmp_path_factory, one_process_sha256) -> EndedJob:
+    """One job for two tests, four faults, one per attempt (--peer_timeout_sec=8, a checkpoint every 70 steps,
+    --max_requeues=1): tfn2's link down for 25 s, then tfn2's task SIGKILLed, then SIGSTOPped for good, then the
+    chief (on tfn1) SIGKILLed. Each fault comes 75 steps after the step its attempt resumed from (the cut with
+    the tasks held still: tests/support/holds.py), so every attempt has checkpointed new steps before it (none
+    is capped), and the last one at step 285 (the log says every 5th step), 115 before the end. The
+    metrics' `recovered`: for each kill, the lost-task requeues in the log once the next attempt trained a step,
+    and the seconds that took."""
+    slurm = node_slurm(2)
+    model_dir = tmp_path_factory.mktemp("faults") / "run"
+    flags = (
+        *LAYOUT,
+        "--peer_timeout_sec=8",
+        "--checkpoint_every_steps=70",
+        "--max_requeues=1",
+        "--log_every_steps=5",
+    )
+    job_id = _submit(slurm, model_dir, flags)
+    kills = [(1, signal.SIGKILL), (1, signal.SIGSTOP), (0, signal.SIGKILL)]
+    recovered = []
+    try:
+        wait_for_steps_past_resume(model_dir, job_id, 0, FAULT_AFTER_STEPS)
+        outage = threading.Thread(target=slurm.cut, args=("tfn2", 25.0))
+        with stopped(trainer_pids(model_dir)):
+            outage.start()
+            _wait_until_down(2)
+        outage.join()
+        for restart, (task, fault) in enumerate(kills, start=1):
+            wait_for_steps_past_resume(model_dir, job_id, restart, FAULT_AFTER_STEPS)
+            os.kill(slurm_task_pid(job_id, task), fault)
+            faulted = time.monotonic()
+            wait_for_step_of_restart(model_dir, job_id, restart + 1, 1)
+            ended = re.findall(r"=== towerflow: a task was lost: job \d+ requeued", log_of(model_dir, job_id))
+            recovered.append((len(ended), time.monotonic() - faulted))
+        info = slurm.wait_for_state(job_id, DONE, timeout_sec=300)
+    finally:  # a failure here must not leave the job running into the next test
+        slurm_daemons.run(["scancel", str(job_id)], slurm.env, check=False)
+    return EndedJob(job_id, info, log_of(model_dir, job_id), {**metrics(model_dir), "recovered": recovered})
+
+
+# Each fault of `faulted_job` comes this many steps after its attempt's resume: past a checkpoint (every 70)
+FAULT_AFTER_STEPS = 75
+
+
+def test_a_longer_outage_ends_every_task_and_the_job_requeues_itself_and_finishes(faulted_job, one_process_sha256):
+    """tfn2's link down for 25 s with --peer_timeout_sec=8 (the first attempt of `faulted_job`): each task ends
+    with 75 naming the other; tfn2's task-exit message is lost, so the batch shell ends the waiting srun and
+    requeues the job, which resumes and finishes with the weights of one process."""
+    job_id, info, log, result = dataclasses.astuple(faulted_job)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "4"), log[-3000:]
+    first_attempt = attempts_in_log(log, job_id)[0]
     port = 12000 + (job_id % 2500) * 8
-    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in log
-    assert f"1: error: the chief (task 0, tfn1:{port}) has not answered for " in log
-    assert "=== towerflow: a task was lost: job" in log
-    first, second = metrics(model_dir)["attempts"]
-    assert first["outcome"].startswith("requeued after a lost task") and second["outcome"] == "finished"
-    assert metrics(model_dir)["weights_sha256"] == one_process_sha256
+    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in first_attempt, first_attempt[-3000:]
+    assert f"1: error: the chief (task 0, tfn1:{port}) has not answered for " in first_attempt
+    assert "=== towerflow: a task was lost: job" in first_attempt
+    first, second = result["attempts"][:2]
+    assert first["outcome"].startswith("requeued after a lost task") and second["resumed_from_step"] == first["step"]
+    assert result["attempts"][-1]["outcome"] == "finished"
+    assert result["weights_sha256"] == one_process_sha256
 
 
 def _wait_for_log(model_dir, job_id: int, pattern: str, timeout_sec: float) -> re.Match:
@@ -214,40 +264,28 @@ def test_a_cut_of_the_chiefs_node_past_the_first_requeue_is_ridden_out_and_the_j
 
 
 def test_a_killed_worker_a_frozen_worker_and_a_killed_chief_each_requeue_the_job_which_finishes_bitwise(
-    two_node_slurm, tmp_path, one_process_sha256
+    faulted_job, one_process_sha256
 ):
-    """One job meets three faults, one per attempt: tfn2's task SIGKILLed, then SIGSTOPped for good, then the
-    chief (on tfn1) SIGKILLed. Each ends every task and the attempt within --peer_timeout_sec (8) plus a
-    margin, the job requeues itself, and the fourth attempt finishes with the weights of one process. Three
-    requeues with --max_requeues=1: each attempt checkpointed new steps, so none is capped."""
-    model_dir = tmp_path / "faults"
-    flags = (*LAYOUT, "--peer_timeout_sec=8", "--checkpoint_every_steps=125", "--max_requeues=1")
-    job_id = _submit(two_node_slurm, model_dir, flags)
-    faults = [(1, signal.SIGKILL), (1, signal.SIGSTOP), (0, signal.SIGKILL)]
-    try:
-        for restart, (task, fault) in enumerate(faults):
-            wait_for_step_of_restart(model_dir, job_id, restart, 150 * (restart + 1))
-            os.kill(slurm_task_pid(job_id, task), fault)
-            faulted = time.monotonic()
-            wait_for_step_of_restart(model_dir, job_id, restart + 1, 1)
-            ended = re.findall(r"=== towerflow: a task was lost: job \d+ requeued", log_of(model_dir, job_id))
-            assert len(ended) == restart + 1
-            # the timeout, probes, srun's kill, the 6 s requeue hold and a start with its first step, traced
-            # on 2 cores that the other test process loads (97 s seen beside the full suite)
-            assert time.monotonic() - faulted < 8 + 150, log_of(model_dir, job_id)[-3000:]
-        info = two_node_slurm.wait_for_state(job_id, DONE, timeout_sec=300)
-    finally:  # a failure here must not leave the job running into the next test
-        slurm_daemons.run(["scancel", str(job_id)], two_node_slurm.env, check=False)
-    log = log_of(model_dir, job_id)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "3"), log[-3000:]
+    """After the outage (`faulted_job`'s first attempt), the job meets three more faults, one per attempt:
+    tfn2's task SIGKILLed, then SIGSTOPped for good, then the chief (on tfn1) SIGKILLed. Each ends every task
+    and the attempt within --peer_timeout_sec (8) plus a margin, the job requeues itself, and the fifth attempt
+    finishes with the weights of one process. Four requeues with --max_requeues=1: each attempt checkpointed new
+    steps, so none is capped."""
+    job_id, info, log, result = dataclasses.astuple(faulted_job)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "4"), log[-3000:]
+    for fault, (ended, seconds) in enumerate(result["recovered"], start=2):
+        assert ended == fault  # the kill ended the attempt as a lost task, requeued
+        # the timeout, probes, srun's kill, the 6 s requeue hold and a start with its first step, traced
+        # on 2 cores that the other test process loads (97 s seen beside the full suite)
+        assert seconds < 8 + 150, log[-3000:]
     port = 12000 + (job_id % 2500) * 8
-    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in log  # the frozen worker
-    result = metrics(model_dir)
+    frozen = attempts_in_log(log, job_id)[2]
+    assert f"0: error: worker task 1 (tfn2:{port}) has not answered for " in frozen, frozen[-3000:]
     outcomes = [a["outcome"] for a in result["attempts"]]
-    assert all(o.startswith("requeued after a lost task (requeue") for o in outcomes[:3]) and outcomes[3] == "finished"
-    assert "killed or lost (no end recorded" in outcomes[2]  # the chief killed: recorded by the batch shell
+    assert all(o.startswith("requeued after a lost task (requeue") for o in outcomes[:4]) and outcomes[4] == "finished"
+    assert "killed or lost (no end recorded" in outcomes[3]  # the chief killed: recorded by the batch shell
     resumed = [a["resumed_from_step"] for a in result["attempts"]]
-    assert resumed == sorted(resumed) and len(set(resumed)) == 4  # every attempt made progress
+    assert resumed == sorted(resumed) and len(set(resumed)) == 5  # every attempt made progress
     assert result["weights_sha256"] == one_process_sha256
 
 

@@ -87,9 +87,11 @@ def weights_of(model_dir: str) -> str | None:
 
 
 def prepare(workdir: str) -> tuple[str, dict[str, str]]:
-    """Trains the reference (30 steps) and the two interrupted runs once; (reference hash, scenario -> dir)."""
+    """Trains the two runs the trials copy once; (reference hash, scenario -> dir). The `finished` run is an
+    uninterrupted 30-step run, so its weights are the reference (a trial damages a copy, never the run itself);
+    a `resume` trial reaching them checks a resume against an independent run."""
     bases = {}
-    for name, steps in (("reference", STEPS), ("resume", STOPPED_AT), ("finished", STEPS)):
+    for name, steps in (("resume", STOPPED_AT), ("finished", STEPS)):
         path = os.path.join(workdir, name)
         if weights_of(path) is None:
             shutil.rmtree(path, ignore_errors=True)
@@ -97,7 +99,7 @@ def prepare(workdir: str) -> tuple[str, dict[str, str]]:
             if code != 0:
                 raise RuntimeError(f"the {name} run failed ({code}): {err[-2000:]}")
         bases[name] = path
-    return weights_of(bases.pop("reference")), bases
+    return weights_of(bases["finished"]), bases
 
 
 def corrupt(path: str, mode: str, rng: random.Random) -> str:

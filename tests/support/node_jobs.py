@@ -3,6 +3,7 @@ tests/launch/test_two_node.py and tests/launch/test_node_counts.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -51,3 +52,10 @@ def wait_for_step_of_restart(model_dir, job_id: int, restart: int, step: int, ti
             return
         assert time.monotonic() < deadline, log_of(model_dir, job_id)[-3000:]
         time.sleep(0.2)
+
+
+def wait_for_steps_past_resume(model_dir, job_id: int, restart: int, steps: int) -> None:
+    """Until restart `restart` of the job has trained `steps` steps past the one it resumed from."""
+    wait_for_step_of_restart(model_dir, job_id, restart, 1)  # it has begun: attempts.json has its record
+    resumed = json.loads((model_dir / "attempts.json").read_text())[restart]["resumed_from_step"]
+    wait_for_step_of_restart(model_dir, job_id, restart, resumed + steps)

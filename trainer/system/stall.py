@@ -9,8 +9,8 @@ sampled once a second while the loop trains. No step finished for the stall limi
 
 The stall limit is `max(--peer_timeout_sec, TRACE_ALLOWANCE x the longest wait between two finished steps
 seen in this process)`. The first window of a start (one step: graph tracing and, with XLA, compiling) is
-measured but not judged: it sets the longest wait, so that the later graphs' tracing (the lean in-graph loop,
-the step that returns gradients for histograms: graphs of the same size) fits in the limit. Evaluation and
+measured but not judged: it sets the longest wait, so that a later graph's tracing (the step that returns
+gradients for histograms: a graph of the same size) fits in the limit. Evaluation and
 checkpoints run between windows, where the watch does not judge either.
 """
 

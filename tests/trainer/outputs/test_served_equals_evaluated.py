@@ -1,6 +1,6 @@
 """What the SavedModel serves is what the run evaluated (issue #20), for every --augment and --normalize value.
 
-Each case trains briefly on real image records (`python -m data.prepare synthetic`, 32x32x3, PNG or JPEG),
+Each case trains briefly on real image records (`data.prepare synthetic`, 32x32x3, PNG or JPEG),
 then two fresh processes, each answering for all five runs, answer for the same eval files: the trainer's own
 eval pipeline and model (its flags from flags.txt, `trainer.loop.build.build`, the final checkpoint restored,
 `Evaluator.predictions`: the towers, split and graph that computed metrics.json's eval_accuracy), and a client
@@ -12,6 +12,8 @@ The JPEG records (smooth, photo-like class templates) survive crops and flips; u
 only the crop of a JPEG (`decode_and_crop_jpeg`) while the client decodes it whole.
 """
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -83,12 +85,17 @@ def _python(*args, timeout=300) -> str:
 
 
 def _records(base) -> dict:
-    """format -> records directory: 32x32x3 synthetic images, 10 classes, 1000 train and 200 eval examples."""
+    """format -> records directory: 32x32x3 synthetic images, 10 classes, 1000 train and 200 eval examples;
+    `data.prepare synthetic` in this process (the records are the input here, not what is tested: no
+    TensorFlow start of their own)."""
+    from data import prepare
+
     made = {}
     for image_format in ("png", "jpeg"):
         out = base / image_format
         flags = ("--shape=32,32,3", "--num_classes=10", "--num_examples=1000", "--eval_examples=200")
-        _python("-m", "data.prepare", "synthetic", str(out), *flags, f"--format={image_format}", "--num_shards=2")
+        with contextlib.redirect_stdout(io.StringIO()):  # its --train_data= lines: not a test's output
+            assert prepare.main(["synthetic", str(out), *flags, f"--format={image_format}", "--num_shards=2"]) == 0
         made[image_format] = out
     return made
 

@@ -11,6 +11,7 @@ import random
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from models import stages
 from models.registry import ModelError
@@ -342,17 +343,37 @@ def test_the_schedule_probe_reads_micro_batches_in_flight_from_start_times():
 def test_the_clocks_of_a_timed_step_do_not_order_the_towers(tmp_path, num_stages):
     """A timed step (the last of each logging window) reads host clocks around every tower's (stage's) work. A
     stateful callback would be chained to the others in the order the step was traced, making each tower wait
-    for the previous tower's end: the clocks must carry no control input from one another."""
+    for the previous tower's end: the clocks must carry no control input from one another. In the in-graph
+    loop, which times its last step, each clock sits in a `tf.cond` on that switch: a StatelessIf, for the same
+    reason, with no control input from another clock's; in the one-step graph (a step that returns gradients),
+    the clocks themselves."""
     from trainer.loop.build import build
 
     trainer = build(_config(tmp_path / "clocks", 2, num_stages))
     updater = trainer.updater
-    graph = updater._step_fn.get_concrete_function([it.iterator for it in updater.iterators], True, False).graph
-    clocks = [op for op in graph.get_operations() if op.type in ("PyFunc", "PyFuncStateless", "EagerPyFunc")]
+    iterators = [it.iterator for it in updater.iterators]
     # Towers: a start per tower and an end after each micro-batch (the last one is read); stages: two per event.
-    assert len(clocks) == (2 + K if num_stages == 1 else 2 * (2 * K * num_stages))
+    expected = 2 + K if num_stages == 1 else 2 * (2 * K * num_stages)
+    graph = updater._step_fn.get_concrete_function(iterators, True, False).graph
+    clocks = [op for op in graph.get_operations() if op.type in ("PyFunc", "PyFuncStateless", "EagerPyFunc")]
+    assert len(clocks) == expected
     assert not [op.name for op in clocks if any(c in clocks for c in op.control_inputs)]
+    loop = updater.calls.loop_fn.get_concrete_function(
+        iterators, tf.constant(1), updater.graph.zero_totals(), tf.constant(True)
+    )
+    switches = _clock_switches(loop.graph.as_graph_def())
+    assert len(switches) == expected and {node.op for node in switches} == {"StatelessIf"}
+    names = {node.name for node in switches}
+    assert not [node.name for node in switches if any(i.lstrip("^") in names for i in node.input if i[0] == "^")]
     trainer.updater.close()
+
+
+def _clock_switches(graph_def) -> list:
+    """The conditionals of a traced graph's functions whose true branch reads a host clock (`mb.now`)."""
+    library = graph_def.library.function
+    clocked = {f.signature.name for f in library if any(n.op.startswith("PyFunc") for n in f.node_def)}
+    nodes = [n for f in library for n in f.node_def] + list(graph_def.node)
+    return [n for n in nodes if n.op.endswith("If") and n.attr["then_branch"].func.name in clocked]
 
 
 def test_the_memory_probe_counts_every_placed_byte_and_the_kept_activations():

@@ -100,3 +100,28 @@ def test_state_no_micro_batch_changes_stays_bitwise_for_k_not_a_power_of_two():
     assert not np.array_equal(model.get_layer("conv").kernel.numpy(), kernel)  # training happened
     np.testing.assert_array_equal(frozen.moving_mean.numpy(), stats[0])
     np.testing.assert_array_equal(frozen.moving_variance.numpy(), stats[1])
+
+
+def test_a_start_traces_one_step_graph():
+    """Every call of a window runs one traced graph (the in-graph loop, the window's last step timed): windows
+    of 1, 3 and 2 steps at 2 towers and 4 micro-batches trace it once, and not the one-step graph. A window whose
+    last step returns its gradients (histograms) traces the one-step graph, once."""
+    model, features, labels = _model_and_batch("mlp")
+    placement = devices.place(TowerConfig(num_towers=2, device="cpu", parameter_device="cpu"))
+    step = tf.Variable(0, dtype=tf.int64)
+    optimizer = optimizers.make_optimizer(OptimizerConfig(name="sgd", learning_rate=0.1, schedule="constant"), 10, step)
+    optimizer.build(model.trainable_variables)
+    update = SyncUpdate(CLASSIFY, model, optimizer, placement, 4, step, _streams(features, labels, 4))
+    traces = lambda: (  # noqa: E731
+        update.calls.loop_fn.experimental_get_tracing_count(),
+        update.calls.step_fn.experimental_get_tracing_count(),
+    )
+    results = [update.train_steps(n) for n in (1, 3, 2)]
+    assert [r.steps for r in results] == [1, 3, 2]
+    assert all(len(r.tower_step_sec) == 2 and min(r.tower_step_sec) > 0 for r in results)  # each window's last step
+    assert all(r.loss > 0 and r.learning_rate == pytest.approx(0.1) for r in results)
+    assert traces() == (1, 0)
+    with_gradients = update.train_steps(2, want_gradients=True)
+    assert len(with_gradients.gradients) == len(model.trainable_variables) and min(with_gradients.tower_step_sec) > 0
+    assert traces() == (1, 1)
+    assert int(step.numpy()) == 8

@@ -157,8 +157,11 @@ def check_task(task, model, element_spec, length: int = 1) -> None:
     task_metrics(task, outputs, batch)
 
 
-def now(anchor: tf.Tensor) -> tf.Tensor:
-    """Wall-clock seconds as a graph op, taken once the control dependencies around it are met.
+def now(anchor: tf.Tensor, timed=True) -> tf.Tensor:
+    """Wall-clock seconds as a graph op, taken once the control dependencies around it are met; 0 when not
+    `timed`. `timed` is a bool when the step is traced for one kind of call, or a bool tensor when one traced
+    step serves timed and untimed steps (the in-graph loop, whose last step is timed): then the clock sits in
+    a `tf.cond` (see `clocked` for the steps that build no clock at all).
 
     A stateless host callback on a runtime value: `tf.timestamp` is refused under op determinism, and a
     stateful callback (`tf.py_function`) is chained to every other stateful op in the order the function was
@@ -167,7 +170,21 @@ def now(anchor: tf.Tensor) -> tf.Tensor:
     scalar, e.g. the global step) is copied under the caller's control dependencies, so the callback cannot be
     constant-folded or merged with another clock.
     """
-    return tf.numpy_function(_seconds, [tf.identity(anchor)], tf.float64, stateful=False)
+
+    def clock():
+        seconds = tf.numpy_function(_seconds, [tf.identity(anchor)], tf.float64, stateful=False)
+        return tf.ensure_shape(seconds, [])  # a scalar, so an in-graph loop can carry the step's times
+
+    if isinstance(timed, bool):
+        return clock() if timed else tf.constant(0.0, tf.float64)
+    return tf.cond(timed, clock, lambda: tf.constant(0.0, tf.float64))
+
+
+def clocked(timed) -> bool:
+    """Whether a step traced with `timed` (a bool or a bool tensor, as `now` takes) builds clock ops. A step
+    traced untimed (the bool False: `SyncUpdate.step_graph`, whose bytes per device the traffic counts read)
+    builds none, not even the switch, whose predicate would cross to every tower."""
+    return timed is not False
 
 
 def _seconds(_) -> np.float64:

@@ -36,31 +36,34 @@ def bubble_of(names: list[str], events, num_stages: int, num_pipelines: int):
 
 
 class Clock:
-    """In-graph timestamps of each event (only on a timed step: two host callbacks per event)."""
+    """In-graph timestamps of each event: two host callbacks per event when `timed` (a bool, or a bool tensor
+    for a step traced once for timed and untimed calls: 0s when false); none at all for the bool False
+    (`mb.clocked`)."""
 
-    def __init__(self, timed: bool, anchor):
+    def __init__(self, timed, anchor):
         self.timed, self.anchor, self.first, self.last = timed, anchor, {}, {}
+        self.clocked = mb.clocked(timed)
         self.events = []  # [start, end] of every event, in build order (`PipelineRunner.event_names`)
         self._open = None
 
     def start(self, device: str, waits: list):
         """The event's start: once its device is free and its inputs are there."""
-        if not self.timed:
+        if not self.clocked:
             return None
         with tf.control_dependencies(waits):
-            self._open = mb.now(self.anchor)
+            self._open = mb.now(self.anchor, self.timed)
         self.first.setdefault(device, self._open)
         return self._open
 
     def end(self, device: str, done) -> None:
-        if not self.timed:
+        if not self.clocked:
             return
         with tf.control_dependencies([done]):
-            self.last[device] = mb.now(self.anchor)
+            self.last[device] = mb.now(self.anchor, self.timed)
         self.events.append(tf.stack([self._open, self.last[device]]))
 
     def totals(self, towers) -> dict:
-        if not self.timed:
+        if not self.clocked:
             return {}
         return {
             "tower_step_sec": tf.stack([self.last[d] - self.first[d] for d in towers]),

@@ -106,6 +106,13 @@ class PipelineRunner:
             }
         }
 
+    def no_timings(self) -> dict:
+        """`run`'s timings before any step: what an in-graph loop carries until its timed step."""
+        return {
+            "tower_step_sec": tf.zeros([len(self.towers)], tf.float64),
+            "event_sec": tf.zeros([len(self.event_names), 2], tf.float64),
+        }
+
     def memory_plan(self) -> list:
         """A `stepmemory.Plan` per stage device: what each micro-batch in flight there keeps (the stage's way
         says what, read off its first micro-batch's events), and how many the schedule keeps at once."""
@@ -128,18 +135,19 @@ class PipelineRunner:
     def device(self, pipeline: int, stage: int) -> str:
         return self.towers[pipeline * self.num_stages + stage]
 
-    def run(self, batches, trainable, non_trainable, step, timed: bool, loss_scale=None):
+    def run(self, batches, trainable, non_trainable, step, timed, loss_scale=None):
         """Every micro-batch's forward and backward through its pipeline, in the schedule's order per device.
 
         Args:
           batches: the K micro-batches; trainable, non_trainable: per task, the variables' values.
-          step: the global step (the seeds); timed: measure each device's time.
+          step: the global step (the seeds); timed: whether to measure each device's time (a bool, or a bool
+            tensor: `mb.now`).
           loss_scale: fp16's loss scale (see `towers.run_micro_batch`), or None.
 
         Returns:
-          (a `towers.MicroBatchResult` per micro-batch, in order; when `timed`, {"tower_step_sec": per tower, its
-          first event's start to its last event's end; "event_sec": [start, end] of each event, named by
-          `event_names`}, else {}).
+          (a `towers.MicroBatchResult` per micro-batch, in order; {"tower_step_sec": per tower, its first event's
+          start to its last event's end; "event_sec": [start, end] of each event, named by `event_names`}, 0s
+          when `timed` is a false tensor, {} when it is the bool False).
         """
         per_pipeline = self.num_micro_batches // self.num_pipelines
         flows = []
@@ -161,7 +169,7 @@ class PipelineRunner:
                 ):
                     waits = [last_op[device]] if device in last_op else []
                     start = clock.start(device, waits + self.events.awaited(stage, kind, flows[j]))
-                    with tf.control_dependencies(waits + ([start] if timed else [])):
+                    with tf.control_dependencies(waits + ([start] if clock.clocked else [])):
                         run = self.events.forward if kind == "F" else self.events.backward
                         last_op[device] = tf.group(*run(stage, flows[j], trainable[flows[j].task]), name="done")
                     clock.end(device, last_op[device])

@@ -1,6 +1,7 @@
 """The host side of the sync step's calls: the step's `tf.function`s, how many steps each call runs
 (`trainer.step.core.calls.CallSize`), the profiler's step markers, and which calls traced a graph (their steps are
-left out of rates)."""
+left out of rates). Every call runs the in-graph loop (`StepGraph.steps`); the one-step function is traced only
+for a step that returns its gradients (histograms) and for the step's graph (`SyncUpdate.step_graph`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from trainer.system import graphs
 
 
 class StepCalls:
-    """Calls of a `StepGraph`'s step (one step, timed) and lean steps (several in one call).
+    """Calls of a `StepGraph`'s steps: several in one call, the window's last one timed, or one step alone.
 
     Args:
       graph: the `trainer.step.sync.step_graph.StepGraph` whose functions the calls run.
@@ -25,20 +26,21 @@ class StepCalls:
     def __init__(self, graph, iterators, global_step, steps_per_call: int, profile_steps):
         self.iterators, self.global_step = iterators, global_step
         self.step_fn = graphs.function(graph.step)
-        self.lean_fn = graphs.function(graph.lean_steps)
+        self.loop_fn = graphs.function(graph.steps)
         self.sizes = CallSize(steps_per_call, profile_steps)
         self.step_number = None  # the global step of the profiler's step markers (`--profile_steps`)
         self.finished = 0  # steps finished by this process (`steps_finished`)
 
-    def lean_call(self, remaining: int, totals, traced: dict):
-        """One call of lean steps (at most `remaining`); returns the call's values (`StepGraph.lean_steps`) with
-        the steps run as a host int. The sums are carried through every call in step order, so they are the same
-        for any call size."""
+    def loop_call(self, remaining: int, totals, traced: dict, time_last: bool):
+        """One call of the in-graph loop (at most `remaining` steps; the last of them timed when they are all
+        and `time_last`); returns the call's values (`StepGraph.steps`) with the steps run as a host int. The
+        sums are carried through every call in step order, so they are the same for any call size."""
         num_steps = self.sizes.size(self.global_step_number(), remaining)
-        if self.lean_fn.experimental_get_tracing_count() == 0:
+        if self.loop_fn.experimental_get_tracing_count() == 0:
             num_steps = 1  # the call that traces: its steps are left out of rates, so only one
         start, traced_before = time.perf_counter(), traced["traced_steps"]
-        ran, *out = self.timed(self.lean_fn, num_steps, traced, tf.constant(num_steps, tf.int32), totals)
+        report = tf.constant(time_last and num_steps == remaining)
+        ran, *out = self.timed(self.loop_fn, num_steps, traced, tf.constant(num_steps, tf.int32), totals, report)
         ran = int(ran)
         self.finished += ran
         if traced["traced_steps"] == traced_before:

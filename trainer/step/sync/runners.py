@@ -25,27 +25,33 @@ class TowerRunner:
         self.micro_batch = mb.micro_batch_fn(task, model, jit_compile)
         self._seed_flags = [mb.is_seed_state(v) for v in model.non_trainable_variables]
 
-    def run(self, batches, trainable, non_trainable, step, timed: bool, loss_scale=None):
-        """Returns the results in micro-batch order and, when `timed`, {"tower_step_sec": each tower's wall
-        time, first input ready -> last gradient computed, measured with in-graph timestamps}."""
-        num_towers = len(self.towers)
+    def run(self, batches, trainable, non_trainable, step, timed, loss_scale=None):
+        """Returns the results in micro-batch order and {"tower_step_sec": each tower's wall time, first input
+        ready -> last gradient computed, measured with in-graph timestamps when `timed` (a bool tensor or a
+        bool, `mb.now`), else 0}; {} when `timed` is the bool False (no clock ops, `mb.clocked`)."""
+        num_towers, clocked = len(self.towers), mb.clocked(timed)
         results, starts, ends = [], {}, {}
         for j in range(self.num_micro_batches):
             tower = tower_of_micro_batch(j, self.num_micro_batches, num_towers)
             with tf.device(self.towers[tower]), sharded.placed(self.groups[tower]):
-                if tower not in starts:
+                if clocked and tower not in starts:
                     with tf.control_dependencies(tf.nest.flatten(batches[j])):
-                        starts[tower] = mb.now(step) if timed else tf.constant(0.0, tf.float64)
-                with tf.control_dependencies([starts[tower]] if timed else []), tf.name_scope(f"micro_batch{j}"):
+                        starts[tower] = mb.now(step, timed)
+                with tf.control_dependencies([starts[tower]] if clocked else []), tf.name_scope(f"micro_batch{j}"):
                     task = self.layout.task_of_micro_batch(j)
                     state = mb.micro_batch_seeds(non_trainable[task], self._seed_flags, step, j, self.num_micro_batches)
                     result = self.micro_batch(trainable[task], state, batches[j], loss_scale)
                 results.append(result)
-                if timed:
+                if clocked:
                     with tf.control_dependencies(result.grads):
-                        ends[tower] = mb.now(step)
-        timings = {"tower_step_sec": tf.stack([ends[i] - starts[i] for i in range(num_towers)])} if timed else {}
-        return results, timings
+                        ends[tower] = mb.now(step, timed)
+        if not clocked:
+            return results, {}
+        return results, {"tower_step_sec": tf.stack([ends[i] - starts[i] for i in range(num_towers)])}
+
+    def no_timings(self) -> dict:
+        """`run`'s timings before any step: what an in-graph loop carries until its timed step."""
+        return {"tower_step_sec": tf.zeros([len(self.towers)], tf.float64)}
 
     def wrap_micro_batch(self, wrap) -> None:
         """See `Updater.wrap_micro_batch`."""

@@ -38,8 +38,10 @@ class StepGraph:
         """The running sums of a window before its first step: loss, the task's metrics, gradient norm."""
         return (tf.constant(0.0), mb.zero_metrics(self.head.task), tf.constant(0.0))
 
-    def step(self, iterators, report: bool, want_gradients: bool):
-        """One step: returns its metrics (and, when `report`, the towers' times; `want_gradients`, the gradients)."""
+    def step(self, iterators, report, want_gradients: bool):
+        """One step: returns its metrics, the towers' times (measured when `report`, a bool tensor or a bool: 0s
+        when a false tensor, left out, with no clock ops, when the bool False) and, when `want_gradients`, the
+        gradients."""
         head = self.head
         batches = []
         for placed, iterator in zip(head.iterators, iterators, strict=True):
@@ -75,17 +77,26 @@ class StepGraph:
         bad = mb.first_non_finite([r.loss for r in results])
         return {"loss": loss, "metrics": metrics, "bad_micro_batch": bad, **applied}
 
-    def lean_steps(self, iterators, num_steps, totals):
+    def steps(self, iterators, num_steps, totals, report):
         """Up to `num_steps` steps in one graph (`trainer.step.core.calls.in_graph_loop`): ends early at a step that
-        was not finite (its update not applied) or once interrupted. Returns (steps run, finite, sums, last
-        loss, step, bad micro-batch)."""
+        was not finite (its update not applied) or once interrupted. When `report` (a bool tensor), the last
+        step measures the towers' times. Every call of a window runs this one graph, so a start traces the step
+        once (a second graph, one timed step apart from the loop, cost a 4-tower language model 10 CPU-seconds
+        more at every start). Returns (steps run, finite, sums, last loss, step, bad micro-batch, the last
+        step's learning rate and timings)."""
 
-        def one_step(_, carried):
-            totals = carried[0]
-            m = self.step(iterators, report=False, want_gradients=False)
-            totals = (totals[0] + m["loss"], mb.add_metrics(totals[1], m["metrics"]), totals[2] + m["grad_norm"])
-            return m["finite"], (totals, m["loss"], m["step"], m["bad_micro_batch"])
+        def one_step(i, carried):
+            m = self.step(iterators, tf.logical_and(report, tf.equal(i, num_steps - 1)), want_gradients=False)
+            last = {name: m[name] for name in ("learning_rate", *timings)}
+            return m["finite"], (add_step(carried[0], m), m["loss"], m["step"], m["bad_micro_batch"], last)
 
-        start = (totals, tf.constant(0.0), self.head.global_step.read_value(), -1)
-        ran, finite, (totals, last_loss, step, bad) = in_graph_loop(one_step, num_steps, self.interrupted, start)
-        return ran, finite, totals, last_loss, step, bad
+        timings = self.runner.no_timings()
+        start = (totals, tf.constant(0.0), self.head.global_step.read_value(), -1, {"learning_rate": 0.0} | timings)
+        ran, finite, carried = in_graph_loop(one_step, num_steps, self.interrupted, start)
+        return (ran, finite, *carried)
+
+
+def add_step(totals, metrics: dict):
+    """A window's running sums (`StepGraph.zero_totals`) with one more step's metrics added."""
+    loss, task_metrics, grad_norm = totals
+    return (loss + metrics["loss"], mb.add_metrics(task_metrics, metrics["metrics"]), grad_norm + metrics["grad_norm"])

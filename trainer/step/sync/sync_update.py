@@ -21,7 +21,7 @@ from trainer.step.core import tree
 from trainer.step.stepper import StepResult
 from trainer.step.sync.host_calls import StepCalls
 from trainer.step.sync.runners import make_runner
-from trainer.step.sync.step_graph import StepGraph
+from trainer.step.sync.step_graph import StepGraph, add_step
 from trainer.step.transfers import fused_buffers
 from trainer.step.transfers import mirrors as mirrors_lib
 from trainer.step.update.apply import BaseUpdate
@@ -105,34 +105,38 @@ class SyncUpdate(BaseUpdate):
         loss, the task's metrics and gradient norm over the steps, the last step's learning rate and per-tower times
         (read on the host once, at the end) and its averaged gradients if asked.
 
-        The first n-1 steps run in calls of several steps each (an in-graph loop, `steps_per_call`), which
-        stop after the step in progress when interrupted; `should_stop` is asked after every call. The last
-        step is a call of its own that also measures tower times (and returns gradients).
+        The steps run in calls of several steps each (an in-graph loop, `steps_per_call`), which stop after the
+        step in progress when interrupted; `should_stop` is asked after every call. The window's last step also
+        measures tower times; a last step that returns gradients is a call of its own.
 
         Raises:
           Diverged: a step's loss or gradient was not finite (that update was not applied).
         """
         if self.calls.step_number is None:  # this process's first call: after the restore, if any
             self.mirrors.sync()
-        totals, traced, done = self.graph.zero_totals(), {"traced_steps": 0, "traced_sec": 0.0}, 0
-        while done < num_steps - 1:
-            ran, totals = self._lean_call(num_steps - 1 - done, totals, traced)
+        totals, traced, done, last = self.graph.zero_totals(), {"traced_steps": 0, "traced_sec": 0.0}, 0, {}
+        in_loop = num_steps - 1 if want_gradients else num_steps
+        while done < in_loop:
+            ran, totals, last = self._loop_call(in_loop - done, totals, traced, time_last=not want_gradients)
             done += ran
-            if (should_stop is not None and should_stop()) or self._interrupted.numpy():
+            stopping = (should_stop is not None and should_stop()) or self._interrupted.numpy()
+            if stopping and done < num_steps:
                 return StepResult(done, **traced)  # a cut window: nothing to report, the run checkpoints next
-        metrics = self.calls.timed(self._step_fn, 1, traced, report=True, want_gradients=want_gradients)
-        self._raise_if_diverged(metrics["finite"], metrics["step"], metrics["bad_micro_batch"])
-        self._latest_loss = metrics["loss"]
-        self.last_timings = {name: _host(metrics[name]) for name in self._timing_names if name in metrics}
-        self.calls.finished += 1
-        return _window_result(done + 1, traced, totals, metrics)
+        if want_gradients:
+            last = self.calls.timed(self._step_fn, 1, traced, report=True, want_gradients=True)
+            self._raise_if_diverged(last["finite"], last["step"], last["bad_micro_batch"])
+            self._latest_loss, totals, done = last["loss"], add_step(totals, last), done + 1
+            self.calls.finished += 1
+        self.last_timings = {name: _host(last[name]) for name in self._timing_names if name in last}
+        return _window_result(done, traced, totals, last)
 
-    def _lean_call(self, remaining: int, totals, traced: dict):
-        """One call of lean steps (`StepCalls.lean_call`); returns how many ran and the running sums after them."""
-        ran, finite, totals, last_loss, step, bad = self.calls.lean_call(remaining, totals, traced)
+    def _loop_call(self, remaining: int, totals, traced: dict, time_last: bool):
+        """One call of the in-graph loop (`StepCalls.loop_call`); returns how many steps ran, the running sums
+        after them and the last step's learning rate and timings."""
+        ran, finite, totals, last_loss, step, bad, last = self.calls.loop_call(remaining, totals, traced, time_last)
         self._raise_if_diverged(finite, step, bad)
         self._latest_loss = last_loss
-        return ran, totals
+        return ran, totals, last
 
     @property
     def steps_finished(self) -> int:
@@ -164,23 +168,23 @@ class SyncUpdate(BaseUpdate):
         self.runner.wrap_micro_batch(wrap)
 
     def step_graph(self):
-        """The traced graph of one step as the lean calls run it (no tower times, no gradients returned): what
+        """The traced graph of one step as the in-graph loop runs it (untimed, no gradients returned): what
         `trainer.step.transfers.traffic.count` counts the bytes of, per device (`benchmarks/traffic.py`, the tests)."""
         iterators = [it.iterator for it in self.iterators]
         return self._step_fn.get_concrete_function(iterators, False, False).graph
 
 
-def _window_result(steps: int, traced: dict, totals, metrics: dict) -> StepResult:
-    """A whole window's `StepResult`: the lean steps' running sums `totals` and the last, timed step's `metrics`."""
+def _window_result(steps: int, traced: dict, totals, last: dict) -> StepResult:
+    """A whole window's `StepResult`: the running sums `totals` of its steps, and its last, timed step's values."""
     return StepResult(
         steps,
         **traced,
-        loss=_host((totals[0] + metrics["loss"]) / steps),
-        metrics=mb.metric_values(mb.add_metrics(totals[1], metrics["metrics"])),
-        grad_norm=_host((totals[2] + metrics["grad_norm"]) / steps),
-        learning_rate=_host(metrics["learning_rate"]),
-        tower_step_sec=_host(metrics["tower_step_sec"]),
-        gradients=metrics.get("gradients"),
+        loss=_host(totals[0] / steps),
+        metrics=mb.metric_values(totals[1]),
+        grad_norm=_host(totals[2] / steps),
+        learning_rate=_host(last["learning_rate"]),
+        tower_step_sec=_host(last["tower_step_sec"]),
+        gradients=last.get("gradients"),
     )
 
 
