@@ -94,7 +94,9 @@ def build(size: Size, parallel: int, shards: int, train_data: str, model_dir: st
     return build_trainer(config)
 
 
-def measure(size: Size, parallel: int, shards: int, train_data: str, model_dir: str, time_steps: int = 0) -> dict:
+def measure(
+    size: Size, parallel: int, shards: int, train_data: str, model_dir: str, time_steps: int = 0, windows: int = 3
+) -> dict:
     """One layout's row: memory and traffic per device (MiB, bytes) and, with `time_steps`, its speed."""
     from trainer.step.memory import device_memory
 
@@ -103,7 +105,7 @@ def measure(size: Size, parallel: int, shards: int, train_data: str, model_dir: 
     row = {"parallel": parallel, "shards": shards, "build_sec": time.perf_counter() - wall_start}
     try:
         if time_steps:
-            row.update(_speed(trainer.updater, time_steps, cpu_start))
+            row.update(_speed(trainer.updater, time_steps, cpu_start, windows))
         needs = device_memory.needs(trainer.updater, trainer.optimizer, size.context + 1)
         row["devices"] = [_short(n.device) for n in needs]
         row["state"] = [n.state for n in needs]
@@ -222,13 +224,16 @@ def _is_gradient(name: str) -> bool:
     return name.startswith("gradient_tape/") or "/gradients" in name
 
 
-def _speed(updater, steps: int, cpu_start: float) -> dict:
-    """First step's CPU-seconds (build + trace + run) and wall seconds; examples/s, median of 3 windows."""
+def _speed(updater, steps: int, cpu_start: float, windows: int = 3) -> dict:
+    """The first step's CPU-seconds since the build began (build + trace + one step) and its wall seconds; then
+    one untimed window of `steps` (a window of several steps traces its own function), then examples/s, the
+    median of `windows` windows of `steps`."""
     start = time.perf_counter()
     updater.train_steps(1)
     first = {"first_step_cpu_sec": time.process_time() - cpu_start, "first_step_sec": time.perf_counter() - start}
+    updater.train_steps(steps)
     rates = []
-    for _ in range(3):
+    for _ in range(windows):
         start = time.perf_counter()
         updater.train_steps(steps)
         rates.append(steps * updater.examples_per_step / (time.perf_counter() - start))
@@ -316,8 +321,12 @@ def layer_formula(size: Size, parallel: int, shards: int) -> dict:
     # per block: the copies out (T-1), each off-device copy back to the first device and out again through the
     # copy's custom-gradient wrapper (2 x off), each off-device partial to the first device (the shard's
     # wrapper, 1 x off), the tree over partials that now sit on the first device, the tape's gradient of each
-    # tree add sent to each off-device shard (off), the copies' gradients summed along the tree (T-1)
-    per_block = 2 * (t - 1) + 4 * off + tree_crossings(shards, t, leaves_on_first=True)
+    # tree add sent to each off-device shard (off), the tape's shape of each input of an off-device tree add
+    # that is itself a sum made off the first device (`shape_reads`: TensorFlow's add gradient reads
+    # `tf.shape` of both inputs when a dimension is unknown, on the first device), the copies' gradients summed
+    # along the tree (T-1)
+    trees = tree_crossings(shards, t, leaves_on_first=True) + shape_reads(shards, t)
+    per_block = 2 * (t - 1) + 4 * off + trees
     return {"scheme": scheme, "counted": 2 * per_block * a if t > 1 else 0}
 
 
@@ -329,7 +338,7 @@ def busiest_per_block(parallel: int, shards: int) -> dict:
     into_first = _tree_into_first(shards, t)
     return {
         "counted sent": (t - 1) + off + off + tree_crossings(shards, t, True) - _internal_crossings(shards, t),
-        "counted received": off + off + _internal_into_first(shards, t) + into_first,
+        "counted received": off + off + _internal_into_first(shards, t) + into_first + shape_reads(shards, t),
         "scheme sent": 2 * (t - 1),
         "scheme received": 2 * into_first,
     }
@@ -349,6 +358,12 @@ def _walk(shards: int, parallel: int, leaves_on_first: bool) -> list[tuple[int, 
 
     node(0, shards)
     return edges
+
+
+def shape_reads(shards: int, parallel: int) -> int:
+    """Sums made off the first device whose shape the tape reads on the first device (the gradient of the
+    tree add they feed, off the first device): each such tensor is sent to the first device for a `Shape`."""
+    return sum(1 for _, p, leaf in _walk(shards, parallel, True) if p != 0 and not leaf)
 
 
 def _internal_crossings(shards: int, parallel: int) -> int:
@@ -385,7 +400,10 @@ def project(layers=12, heads=16, width=768, context=1024, vocab=50304, micro_bat
     for name, moved in (
         ("Megatron (ring all-reduce)", ring),
         ("towerflow as designed (copy out, tree in)", blocks * per["scheme sent"] * a),
-        ("towerflow as traced now", blocks * max(per["counted sent"], per["counted received"]) * a + off_weights),
+        (
+            "towerflow as traced now",
+            max(blocks * per["counted sent"] * a, blocks * per["counted received"] * a + off_weights),
+        ),
     ):
         row = {"scheme": name, "busiest_bytes": moved, "compute_sec": compute}
         row.update({link: moved / bandwidth for link, bandwidth in GPU.items()})
@@ -410,7 +428,7 @@ def _worker(args) -> None:
         for parallel, shards, *layers in _worker_layouts(args):
             sized = dataclasses.replace(size, layers=layers[0]) if layers else size
             model_dir = f"{root}/run{parallel}_{shards}_{sized.layers}"
-            row = measure(sized, parallel, shards, train_data, model_dir, args.time_steps)
+            row = measure(sized, parallel, shards, train_data, model_dir, args.time_steps, args.windows)
             print(json.dumps({**row, "layers": sized.layers}), flush=True)
 
 
@@ -554,6 +572,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shards", type=int, default=4, help="N (--tensor_shards)")
     parser.add_argument("--parallel", default="1,2,4", help="T values (--tensor_parallel), each dividing N")
     parser.add_argument("--time_steps", type=int, default=5, help="steps per timed window; 0: no timing")
+    parser.add_argument("--windows", type=int, default=3, help="timed windows (median), after an untimed one")
     parser.add_argument("--per_layer", action="store_true", help="also build at one layer fewer (untimed)")
     parser.add_argument("--devices", type=int, default=4, help="logical CPU devices")
     parser.add_argument("--json", help="also write the rows to this file")
