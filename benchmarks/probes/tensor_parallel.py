@@ -470,52 +470,45 @@ def report(size: Size, rows: list[dict]) -> str:
     )
 
 
+def _markdown(header: list[str], body: list[list]) -> str:
+    """A Markdown table of `header` and the rows of cells `body`."""
+    lines = [header, ["---"] * len(header), *body]
+    return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
+
+
 def _memory_table(size: Size, rows: list[dict]) -> str:
     mib, nan = 1 << 20, float("nan")  # nan: a row written before the column existed
-    lines = [
-        "| T | N | device | state MiB | formula MiB | kept activations MiB | total MiB | read by any backward MiB |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    body = []
     for r in rows:
         formula = state_formula(size, r["parallel"], r["shards"])
+        backward = r.get("kept_any_backward", [nan] * len(r["devices"]))
         for i, device in enumerate(r["devices"]):
             state, kept = r["state"][i], r["kept"][i]
-            backward = r.get("kept_any_backward", [nan] * len(r["devices"]))[i]
-            lines.append(
-                f"| {r['parallel']} | {r['shards']} | {device} | {state / mib:.2f} | {formula[i] / mib:.2f} "
-                f"| {kept / mib:.2f} | {(state + kept) / mib:.2f} | {backward / mib:.2f} |"
-            )
-    return "\n".join(lines)
+            numbers = (state, formula[i], kept, state + kept, backward[i])
+            body.append([r["parallel"], r["shards"], device, *(f"{n / mib:.2f}" for n in numbers)])
+    header = "T,N,device,state MiB,formula MiB,kept activations MiB,total MiB,read by any backward MiB"
+    return _markdown(header.split(","), body)
 
 
 def _traffic_table(size: Size, rows: list[dict]) -> str:
-    lines = [
-        "| T | N | sent MB per device | received MB per device | total MB | activations MB | custom-gradient "
-        "IdentityN MB | tape gradient MB | weights MB | embedding gradient MB | scalars MB | scheme formula MB "
-        "| Megatron MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    kinds = (*ACTIVATION_KINDS, "weights", "embedding gradient", "scalars")
+    body = []
     for r in rows:
         t = r["parallel"]
-        kinds = [r["kinds"].get(k, 0) / 1e6 for k in (*ACTIVATION_KINDS, "weights", "embedding gradient", "scalars")]
         scheme = sum(towerflow_bytes(size, t).values()) if r["shards"] > 1 else 0
-        lines.append(
-            f"| {t} | {r['shards']} | {' / '.join(f'{v / 1e6:.3f}' for v in r['sent'].values())} "
-            f"| {' / '.join(f'{v / 1e6:.3f}' for v in r['received'].values())} | {sum(r['sent'].values()) / 1e6:.3f} "
-            + "".join(f"| {k:.3f} " for k in kinds)
-            + f"| {scheme / 1e6:.3f} | {megatron_bytes(size, t) / 1e6:.3f} |"
-        )
-    return "\n".join(lines)
+        numbers = [sum(r["sent"].values())] + [r["kinds"].get(k, 0) for k in kinds]
+        numbers += [scheme, megatron_bytes(size, t)]
+        per_device = [" / ".join(f"{v / 1e6:.3f}" for v in r[way].values()) for way in ("sent", "received")]
+        body.append([t, r["shards"], *per_device, *(f"{n / 1e6:.3f}" for n in numbers)])
+    header = ["T", "N", "sent MB per device", "received MB per device", "total MB"]
+    header += [f"{kind} MB" for kind in kinds] + ["scheme formula MB", "Megatron MB"]
+    return _markdown(header, body)
 
 
 def _layer_table(size: Size, rows: list[dict]) -> str:
     """What one layer adds (rows at `layers` minus rows at `layers - 1`), beside the formulas, in units of A."""
     by = {(r["parallel"], r["shards"], r.get("layers", size.layers)): r for r in rows}
-    lines = [
-        "| T | N | one layer's activation bytes | / A | formula (traced) / A | scheme = Megatron / A "
-        "| first device sent / received per layer, / A (activations + weights) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    body = []
     for (t, n, layers), r in sorted(by.items()):
         less = by.get((t, n, layers - 1))
         if layers != size.layers or less is None:
@@ -523,43 +516,33 @@ def _layer_table(size: Size, rows: list[dict]) -> str:
         moved = moved_activations(r) - moved_activations(less)
         formula = layer_formula(size, t, n)
         first = [(r[k]["CPU:0"] - less[k]["CPU:0"]) / size.activation for k in ("sent", "received")]
-        lines.append(
-            f"| {t} | {n} | {moved:,} | {moved / size.activation:g} | {formula['counted'] / size.activation:g} "
-            f"| {formula['scheme'] / size.activation:g} | {first[0]:.2f} / {first[1]:.2f} |"
+        units = (moved, formula["counted"], formula["scheme"])
+        body.append(
+            [t, n, f"{moved:,}", *(f"{u / size.activation:g}" for u in units), f"{first[0]:.2f} / {first[1]:.2f}"]
         )
-    return "\n".join(lines)
+    header = ["T", "N", "one layer's activation bytes", "/ A", "formula (traced) / A", "scheme = Megatron / A"]
+    return _markdown(header + ["first device sent / received per layer, / A (activations + weights)"], body)
 
 
 def _speed_table(size: Size, rows: list[dict]) -> str:
-    lines = [
-        "| T | N | examples/s (logical CPU devices) | s/step | first step CPU-s (build + trace + step) "
-        "| first step s |",
-        "|---|---|---|---|---|---|",
+    body = [
+        [r["parallel"], r["shards"], f"{r['examples_per_sec']:.1f}", f"{size.micro_batch / r['examples_per_sec']:.3f}"]
+        + [f"{r['first_step_cpu_sec']:.1f}", f"{r['first_step_sec']:.1f}", " ".join(f"{x:.1f}" for x in r["rates"])]
+        for r in rows
     ]
-    for r in rows:
-        rate = r["examples_per_sec"]
-        lines.append(
-            f"| {r['parallel']} | {r['shards']} | {rate:.1f} | {size.micro_batch / rate:.3f} "
-            f"| {r['first_step_cpu_sec']:.1f} | {r['first_step_sec']:.1f} |"
-        )
-    return "\n".join(lines)
+    header = ["T", "N", "examples/s (logical CPU devices)", "s/step", "first step CPU-s (build + trace + step)"]
+    return _markdown(header + ["first step s", "each window's examples/s"], body)
 
 
 def _projection_table() -> str:
     links = list(GPU)
-    lines = [
-        "| T = 8, projected | busiest device GB per step | "
-        + " | ".join(f"ms at {link}" for link in links)
-        + f" | compute ms at {MFU:.0%} of {PEAK / 1e12:.0f} TFLOP/s |",
-        "|---|---|" + "---|" * len(links) + "---|",
+    body = [
+        [r["scheme"], f"{r['busiest_bytes'] / 1e9:.2f}", *(f"{1e3 * r[link]:.1f}" for link in links)]
+        + [f"{1e3 * r['compute_sec']:.1f}"]
+        for r in project()
     ]
-    for r in project():
-        lines.append(
-            f"| {r['scheme']} | {r['busiest_bytes'] / 1e9:.2f} | "
-            + " | ".join(f"{1e3 * r[link]:.1f}" for link in links)
-            + f" | {1e3 * r['compute_sec']:.1f} |"
-        )
-    return "\n".join(lines)
+    header = ["T = 8, projected", "busiest device GB per step", *(f"ms at {link}" for link in links)]
+    return _markdown(header + [f"compute ms at {MFU:.0%} of {PEAK / 1e12:.0f} TFLOP/s"], body)
 
 
 def main(argv: list[str]) -> int:
