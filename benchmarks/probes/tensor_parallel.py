@@ -1,19 +1,24 @@
 """`python -m benchmarks.probes tensor_parallel [--layers=4] [--heads=8] [--width=256] [--context=128]
-[--micro_batch=4] [--shards=4] [--parallel=1,2,4] [--time_steps=5] [--no-time]`: what `--tensor_parallel=T`
-costs and saves for the built-in LM (`--task=lm`) on byte tokens (vocabulary 256), one tower (no data
-parallelism), K = 1 micro-batch, AdamW, on 4 logical CPU devices (docs/tensor_parallel.md).
+[--micro_batch=4] [--shards=4] [--parallel=1,2,4] [--time_steps=5] [--windows=3] [--per_layer] [--devices=4]
+[--json=FILE] [--rows=FILE]`: what `--tensor_parallel=T` costs and saves for the built-in LM (`--task=lm`) on
+byte tokens (vocabulary 256) it prepares from the built-in corpus, one tower (no data parallelism), K = 1
+micro-batch, AdamW, on `--devices` logical CPU devices (docs/tensor_parallel.md; results:
+benchmarks/results/tensor-parallel.md).
 
 Per layout (T = each of `--parallel` with N = `--shards`, and T = 1 with N = 1, the model without shards):
 - memory per device, as `--device_memory_mb` counts it (`device_memory.needs`): state (variables, AdamW's two
-  slots, gradients) and the activations one micro-batch keeps for its backward;
-- the bytes each device sends and receives per step, counted from the traced step graph (`traffic.count`),
-  beside `expected`: towerflow's scheme by formula (every split block's input copied to each other device of
-  the tower and its partial outputs added along the tree: (T-1) x A each way, forward and backward) plus what
-  else crosses (the ids and targets to each shard device, the vocabulary-parallel softmax's numbers per position,
-  the optimizer's scalars), and Megatron's count for the same model (4 ring all-reduces of A per layer plus the
-  embedding's and the head's, each 2(T-1) x A in total);
-- with timing, examples/s on the logical CPU devices (median of windows after a warm-up step) and the first
-  step's CPU-seconds (which traces the step), each layout in a fresh subprocess.
+  slots, gradients) beside `state_formula`, the activations one micro-batch keeps for its backward, and what
+  any gradient op (the tape's or a shard's own) reads of what the device's forward made;
+- the bytes each device sends and receives per step, counted from the traced step graph as `traffic.count`
+  walks it (an unknown dimension at its size), by kind (`_kind`), beside the design's formula
+  (`towerflow_bytes`: every split block's input copied to the other devices, its partials summed along the tree,
+  forward and backward, plus the ids, targets and the softmax's numbers per position) and Megatron's
+  (`megatron_bytes`: 4 ring all-reduces of A per layer plus the embedding's and the head's); with `--per_layer`,
+  each T built again at one layer fewer: what one layer moves, beside `layer_formula` (what the traced step
+  moves, exactly) and the design's;
+- with `--time_steps`, each layout in a fresh subprocess: the first step's CPU-seconds since the build began
+  (build, trace, one step), then examples/s, the median of `--windows` windows after an untimed one;
+- a projection for 8 GPUs by formula (`project`), not measured.
 
 Nothing here is a GPU figure: the logical devices share the machine's cores.
 """
