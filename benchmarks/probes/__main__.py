@@ -22,6 +22,7 @@ COMMANDS = {
     "lm_memory": "benchmarks.probes.lm_memory",
     "feature_checks": "benchmarks.probes.feature_checks",
     "first_step": "benchmarks.probes.first_step",
+    "tensor_parallel": "benchmarks.probes.tensor_parallel",
 }
 
 if __name__ == "__main__":
