@@ -53,7 +53,13 @@ def on_shard(shard: int, shards: int):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
-def tree(parts: list, combine=tf.add):
+def _add(a, b):
+    # AddN of two: one rounding, as a + b; its gradient passes the sum's gradient on as it is, where Add's
+    # reads both inputs' shapes (a padded length is not static), which would send each partial to one device.
+    return tf.add_n([a, b])
+
+
+def tree(parts: list, combine=_add):
     """``combine`` over ``parts`` (part k on shard k's device) along the fixed binary tree: halves, split at the
     middle, each node computed on the device of its first part. One part: itself (no op)."""
     shards = len(parts)
@@ -78,10 +84,9 @@ def to_shards(x, shards: int) -> list:
 
     @tf.custom_gradient
     def copy(x):
-        copies = []
-        for k in range(shards):
-            with on_shard(k, shards):
-                copies.append(tf.identity(x))
+        # Made where x is: the wrapper tf.custom_gradient puts around the outputs runs there too, and each
+        # shard's device then receives x once (a copy made on the shard would travel back to the wrapper).
+        copies = [tf.identity(x) for _ in range(shards)]
 
         def grad(*dys):
             return tree([tf.zeros_like(x) if dy is None else dy for dy in dys])
@@ -103,20 +108,28 @@ def run(shard: int, shards: int, fn, inputs: tuple, layers: tuple = ()):
     """
     weights = [w.value for layer in layers for w in layer.trainable_weights]
     count = len(inputs)
+    scope = tf.get_current_name_scope()
 
     @tf.custom_gradient
     def part(*args):
-        with on_shard(shard, shards):
-            outputs = fn(*args[:count])
+        outputs = fn(*args[:count])
 
         def grad(*dys, variables=None):
-            sources = list(args) + list(variables or ())
-            grads = tf.gradients(tf.nest.flatten(outputs), sources, grad_ys=list(dys))
+            # Under "gradient_tape/" + the forward's scope, as the tape names its own gradient ops (which is how
+            # the step-memory check finds what a backward reads); an embedding's rows made dense here, on the
+            # shard's device, not where the tape gathers the gradients.
+            with on_shard(shard, shards), tf.name_scope(f"gradient_tape/{scope}/" if scope else "gradient_tape/"):
+                sources = list(args) + list(variables or ())
+                grads = tf.gradients(tf.nest.flatten(outputs), sources, grad_ys=list(dys))
+                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
             return (grads[: len(args)], grads[len(args) :]) if variables is not None else grads
 
         return outputs, grad
 
-    return part(*inputs, *weights)
+    # On the shard's device: tf.custom_gradient wraps the part's inputs, weights and outputs in an op of its own,
+    # which would otherwise run on the caller's device and draw every shard's weights and outputs through it.
+    with on_shard(shard, shards):
+        return part(*inputs, *weights)
 
 
 def _tag(layer, shard: int):

@@ -45,13 +45,14 @@ def test_the_counted_bytes_are_the_probes_formula(rows):
     assert _total(rows[1, 1, 1]) == _total(rows[1, N, 1]) == 0  # one device: nothing crosses
     split_weights = SIZE.layers * (12 * SIZE.width**2 + 7 * SIZE.width) + 2 * probe.VOCAB * SIZE.width
     kinds = rows[2, N, 1]["kinds"]
-    assert kinds["weights"] == 4 * split_weights // 2  # the weights of every shard not on the first device
+    assert kinds.get("weights", 0) == 0 < split_weights  # every shard's weights are read where they live
+    assert kinds.get("embedding gradient", 0) == 0  # made dense on its shard's device
     one_layer = probe.moved_activations(rows[2, N, 2]) - probe.moved_activations(rows[2, N, 1])
     assert one_layer == probe.layer_formula(SIZE, 2, N)["counted"]
 
 
-@pytest.mark.xfail(strict=True, reason="the custom-gradient wrappers of models.sharded route shards' tensors "
-                   "through the tower's first device (benchmarks/results/tensor-parallel.md)")  # fmt: skip
+@pytest.mark.xfail(strict=True, reason="each off-device shard gets its own copy of a block's input and of its "
+                   "output's gradient, not one per device (benchmarks/results/tensor-parallel.md)")  # fmt: skip
 def test_a_layer_moves_what_megatron_moves(rows):
     one_layer = probe.moved_activations(rows[2, N, 2]) - probe.moved_activations(rows[2, N, 1])
     assert one_layer == probe.layer_formula(SIZE, 2, N)["scheme"] == 8 * SIZE.activation
