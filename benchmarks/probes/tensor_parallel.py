@@ -324,10 +324,12 @@ def layer_formula(size: Size, parallel: int, shards: int) -> dict:
     off = shards - shards // t  # shards not on the tower's first device
     scheme = 2 * 4 * (t - 1) * a
     # per block, as traced since the wrappers of `models.sharded.run` are built on the shard's device: each
-    # off-device shard gets its own copy of the block's input (off, where the design sends one per device, T-1)
-    # and its own copy of the output's gradient (off), the partials' and the input gradients' trees cross as
-    # designed, and T-1 more activation-sized transfers per block that this probe has not attributed yet. Matched
-    # exactly at N = 2, T = 2 (10 A a layer), N = 4, T = 2 (14 A) and N = 4, T = 4 (30 A).
+    # off-device shard gets its own copy of the block's input (off, where the design sends one per device, T-1);
+    # each shard's custom-gradient wrapper passes its input through as an output nobody reads, and the tape
+    # makes that output's zero gradient with `zeros_like` on the tower's first device (the length is not static,
+    # so it reads the tensor: off more); the output's gradient goes out once per device (T-1) and the partials'
+    # and input gradients' trees cross as designed. Matched exactly at N = 2, T = 2 (10 A a layer), N = 4, T = 2
+    # (14 A) and N = 4, T = 4 (30 A).
     trees = 2 * tree_crossings(shards, t, leaves_on_first=False)
     per_block = 2 * off + trees + (t - 1)
     return {"scheme": scheme, "counted": 2 * per_block * a if t > 1 else 0}
