@@ -131,6 +131,7 @@ def build_model_and_optimizer(run: RunConfig | Plan, placement: devices.Placemen
     _set_precision(config.towers.mixed_precision)
     with tf.device(placement.parameter_device):
         model = _build_placed_model(config, placement, task)
+        _check_shards(model, config.towers.tensor)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = plan.mode.make_optimizer(config, global_step)
         optimizer = optim.with_precision(optimizer, config.towers.mixed_precision)
@@ -158,19 +159,19 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
     return spread.build_spread(build_fn, placement.spread_over, reseed, later)
 
 
-def _stage_and_shard_owners(model, plan, split) -> list[int]:
-    """Per variable of `model`, its index among the first pipeline's devices, T per stage: its stage's tower,
-    and within it its shard's device (k*T//N; not a shard: the first).
-
-    Raises:
-      ConfigError: --tensor_shards asks for shards the model does not have.
-    """
+def _check_shards(model, split) -> None:
+    """Raises ConfigError when --tensor_shards asks for shards the model does not have (at any T)."""
     if sharded.shard_count(model) != split.shards:
         raise ConfigError(
             f"--tensor_shards={split.shards} (--tensor_parallel={split.parallel}) needs a model whose layers are "
             f"split into {split.shards} shards; model {model.name!r} has {sharded.shard_count(model)} "
             "(a model built of models.sharded layers, as the built-in language model is; docs/tensor_parallel.md)"
         )
+
+
+def _stage_and_shard_owners(model, plan, split) -> list[int]:
+    """Per variable of `model`, its index among the first pipeline's devices, T per stage: its stage's tower,
+    and within it its shard's device (k*T//N; not a shard: the first)."""
     stage_of = stages.variable_stages(model, plan.stages, plan.cuts) if plan.stages > 1 else [0] * len(model.variables)
     shard_of = sharded.shard_of_variables(model)
     t, n = split.parallel, split.shards

@@ -142,11 +142,14 @@ def test_what_a_split_cannot_take_is_refused_in_one_line(make_config, towers, me
     assert "\n" not in str(refused.value)
 
 
-def test_a_model_without_split_layers_is_refused(make_config, tmp_path):
-    """The digits' MLP has no shards: --tensor_shards=2 is refused naming the model and what can split."""
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_model_without_split_layers_is_refused(make_config, tmp_path, parallel):
+    """The digits' MLP has no shards: --tensor_shards=2 is refused naming the model and what can split, on one
+    device too (where nothing would be placed otherwise, and the setting would do nothing)."""
     from trainer.loop.build import build
 
-    config = make_config(towers={"num_towers": 2, "tensor_parallel": 2, "global_batch_size": 8}, model={"name": "mlp"})
+    towers = {"num_towers": 2, "tensor_parallel": parallel, "tensor_shards": 2, "global_batch_size": 8}
+    config = make_config(towers=towers, model={"name": "mlp"})
     with pytest.raises(cfg.ConfigError, match=r"needs a model whose layers are split into 2 shards; model .* has 1"):
         build(config)
 
