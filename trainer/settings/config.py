@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 import tasks
+from trainer.settings.errors import ConfigError
+from trainer.settings.splits import Pipeline, TensorSplit
 
 DEVICE_KINDS = ("gpu", "cpu")
 PARAMETER_DEVICES = ("gpu", "cpu", "spread")
@@ -49,16 +51,6 @@ GRAPPLER_OPTIONS = (
 # --normalize=imagenet: the per-channel mean and standard deviation of ImageNet's RGB pixels on [0, 1].
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the flag and what to change."""
-
-
-def _require(ok: bool, message: str) -> None:
-    """Raises `ConfigError(message)` unless `ok`."""
-    if not ok:
-        raise ConfigError(message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,109 +185,6 @@ class OptimizerConfig:
     boundaries: tuple[int, ...] = ()  # piecewise: step boundaries
     values: tuple[float, ...] = ()  # piecewise: one more value than boundaries
     clip_global_norm: float = 0.0  # 0: no clipping
-
-
-@dataclasses.dataclass(frozen=True)
-class Pipeline:
-    """How a model is cut into pipeline stages and run through them (`trainer.step.pipeline.runner`); 1 stage: none."""
-
-    stages: int = 1  # S
-    schedule: str = "1f1b"
-    cuts: tuple[str, ...] = ()  # the pieces that end stages 0..S-2 (`models.stages.cut`); empty: by bytes
-    remat: bool = False  # a stage keeping several micro-batches recomputes its forward (`trainer.step.pipeline`)
-
-    def check(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
-        """Every rule of the --pipeline_* settings, in one place; `modes.settle` runs it once the update mode is
-        known (`UpdateMode.runs_pipelines`: whether its step has micro-batches to send through stages).
-
-        Raises:
-          ConfigError: naming the flags and what to change.
-        """
-        s, cuts = self.stages, self.cuts
-        _require(
-            not cuts or len(cuts) == s - 1,
-            f"--pipeline_cuts names {len(cuts)} place(s) and --pipeline_stages={s} needs {s - 1}: each names the "
-            "layer that ends one stage, the last stage ends with the model",
-        )
-        _require(
-            s > 1 or not self.remat,
-            "--pipeline_remat needs --pipeline_stages > 1: it recomputes each stage's forward pass in its backward "
-            "pass; drop it, or cut the model into stages",
-        )
-        if s > 1:
-            self._check_devices(towers, mode_runs_pipelines)
-
-    def _check_devices(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
-        """The rules of S > 1 stages: whole pipelines on each task, the mode and the options they cannot take."""
-        s = self.stages
-        _require(
-            mode_runs_pipelines,
-            f"--pipeline_stages ({s}) needs --update_mode=sync: a pipeline's stages share one step's micro-batches, "
-            "which async towers do not have",
-        )
-        per_task, t = towers.towers_per_task, towers.tensor_parallel
-        _require(
-            per_task % s == 0,
-            f"--pipeline_stages ({s}) must divide the towers of a task (--num_gpus={towers.num_towers}"
-            + (f" / --tensor_parallel={t} = {per_task}" if t > 1 else "")
-            + "): each task's towers form whole pipelines (a pipeline never spans machines)",
-        )
-        _require(
-            towers.parameter_device != "spread",
-            "--parameter_device=spread cannot be used with --pipeline_stages: each stage's variables live on its "
-            "own device already; use gpu or cpu (where the step counter and loss sums live)",
-        )
-        _require(
-            not towers.jit_compile,
-            f"--xla cannot be used with --pipeline_stages ({s}) yet: XLA would compile each stage's pass apart, "
-            "which is not built; use S=1 for it",
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSplit:
-    """How each layer is split over the devices of a tower (`models.sharded`, docs/tensor_parallel.md): the model's
-    wide layers are cut into `shards` shards (a property of the model: its variables), and a tower is `parallel`
-    devices, shard k on device k*parallel//shards. 1 and 1: no split."""
-
-    parallel: int = 1  # T: devices per tower
-    shards: int = 1  # N: shards per layer; every T dividing N gives the same bits
-
-    def check(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
-        """Every rule of --tensor_parallel and --tensor_shards, in one place (`modes.settle` runs it).
-
-        Raises:
-          ConfigError: naming the flags and what to change.
-        """
-        t, n = self.parallel, self.shards
-        _require(
-            n % t == 0,
-            f"--tensor_parallel ({t}) must divide --tensor_shards ({n}): each device of a tower holds whole shards",
-        )
-        _require(
-            towers.num_towers % t == 0,
-            f"--tensor_parallel ({t}) must divide --num_gpus ({towers.num_towers}): each task's devices form whole "
-            "towers of T devices (a tower never spans machines)",
-        )
-        if t > 1:
-            self._check_options(towers, mode_runs_pipelines)
-
-    def _check_options(self, towers: TowerConfig, mode_runs_pipelines: bool) -> None:
-        t = self.parallel
-        _require(
-            mode_runs_pipelines,
-            f"--tensor_parallel ({t}) needs --update_mode=sync: the devices of a tower share each micro-batch's "
-            "layers, which async towers, one per device, do not",
-        )
-        _require(
-            towers.parameter_device != "spread",
-            f"--parameter_device=spread cannot be used with --tensor_parallel ({t}): each shard's variables live on "
-            "its own device already; use gpu or cpu (where the other variables live)",
-        )
-        _require(
-            not towers.jit_compile,
-            f"--xla cannot be used with --tensor_parallel ({t}): XLA compiles for one device; drop --xla",
-        )
 
 
 @dataclasses.dataclass(frozen=True)
