@@ -4,7 +4,7 @@ A layer too wide for one device is split as Megatron-LM splits it: a *column* la
 [k*U/N, (k+1)*U/N) in shard k, so each shard computes its slice of the outputs from the whole input; a *row*
 layer keeps input rows in shard k, so each shard computes a partial product of the whole output, and the N
 partials are added. Attention splits by heads (query, key and value by columns, the output projection by rows),
-the MLP by columns then rows, the embedding and the output head by vocabulary.
+the MLP by columns then rows, the embedding and the output head by vocabulary (`models.vocab_shards`).
 
 The number of shards N is part of the model (``--tensor_shards``): each shard is its own variable, of the same
 shape whatever the devices. Where the shards run is not: ``placed(devices)`` puts shard k on
@@ -25,20 +25,44 @@ import contextlib
 import threading
 
 import keras
+import numpy as np
 import tensorflow as tf
+from keras.src.backend import AutocastScope  # no public way to read a variable's value uncast
 
-_where = threading.local()  # .devices: the T devices of the tower whose step is being built, or None
+# .devices: the T devices of the tower whose step is being built, or None; .gathered: (whole, parts) of each
+# `gather` made in this placement
+_where = threading.local()
 
 
 @contextlib.contextmanager
 def placed(devices):
     """Shard k of every sharded layer called inside runs on ``devices[k * len(devices) // N]``."""
-    previous = getattr(_where, "devices", None)
-    _where.devices = tuple(devices) if devices else None
+    previous = getattr(_where, "devices", None), getattr(_where, "gathered", None)
+    _where.devices, _where.gathered = (tuple(devices) if devices else None), []
     try:
         yield
     finally:
-        _where.devices = previous
+        _where.devices, _where.gathered = previous
+
+
+def gather(parts: list, shards: int):
+    """The shards' outputs concatenated on shard 0's device. Inside `placed`, `parts_of` the result gives the
+    parts back, where they are, to a layer of the same placement: a pipeline stage, which differentiates its
+    input, runs in a placement of its own, so what it receives is always used whole."""
+    with on_shard(0, shards):
+        whole = tf.concat(parts, axis=-1)
+    gathered = getattr(_where, "gathered", None)
+    if gathered is not None:
+        gathered.append((whole, list(parts)))
+    return whole
+
+
+def parts_of(x, shards: int) -> list | None:
+    """The ``shards`` parts `gather` made ``x`` of in this placement, or None."""
+    for whole, parts in getattr(_where, "gathered", None) or ():
+        if whole is x and len(parts) == shards:
+            return parts
+    return None
 
 
 def shard_device(shard: int, shards: int) -> str | None:
@@ -62,38 +86,89 @@ def _add(a, b):
 def tree(parts: list, combine=_add):
     """``combine`` over ``parts`` (part k on shard k's device) along the fixed binary tree: halves, split at the
     middle, each node computed on the device of its first part. One part: itself (no op)."""
-    shards = len(parts)
+    return _node(lambda lo, hi: parts[lo] if hi - lo == 1 else None, 0, len(parts), len(parts), combine)
 
-    def node(lo: int, hi: int):
-        if hi - lo == 1:
-            return parts[lo]
-        mid = (lo + hi) // 2
-        left, right = node(lo, mid), node(mid, hi)
-        with on_shard(lo, shards):
-            return combine(left, right)
 
-    return node(0, shards)
+def _node(leaf, lo: int, hi: int, shards: int, combine=_add):
+    """The fixed tree's node over shards [lo, hi): ``leaf(lo, hi)`` where that gives a value (one shard's, or a
+    block of shards already summed), else ``combine`` of its halves on shard lo's device."""
+    found = leaf(lo, hi)
+    if found is not None:
+        return found
+    mid = (lo + hi) // 2
+    left, right = _node(leaf, lo, mid, shards, combine), _node(leaf, mid, hi, shards, combine)
+    with on_shard(lo, shards):
+        return combine(left, right)
 
 
 def to_shards(x, shards: int) -> list:
     """``x`` copied to each shard's device (Megatron's *f*): the gradient of ``x`` is the tree sum of the
     copies' gradients, so the order in which the column shards' input gradients add up is fixed. One shard:
-    ``x`` itself, which a Keras layer of the model without shards takes."""
+    ``x`` itself, which a Keras layer of the model without shards takes.
+
+    Each device receives ``x`` once (`_blocks`): a device holding several shards gets one copy, which it fans
+    out to its shards there; the gradient is summed the same way back, the device's shards first (a node of the
+    tree), then the devices' sums along the tree's upper nodes: the same sums, on the same devices, as one copy
+    per shard."""
     if shards == 1:
         return x
+    blocks = _blocks(shards)
 
     @tf.custom_gradient
     def copy(x):
         # Made where x is: the wrapper tf.custom_gradient puts around the outputs runs there too, and each
-        # shard's device then receives x once (a copy made on the shard would travel back to the wrapper).
-        copies = [tf.identity(x) for _ in range(shards)]
+        # device then receives x once (a copy made on the device would travel back to the wrapper).
+        copies = [tf.identity(x) for _ in blocks]
 
         def grad(*dys):
-            return tree([tf.zeros_like(x) if dy is None else dy for dy in dys])
+            sums = {block: tf.zeros_like(x) if dy is None else dy for block, dy in zip(blocks, dys, strict=True)}
+            return _node(lambda lo, hi: sums.get((lo, hi)), 0, shards, shards)
 
         return copies, grad
 
-    return list(copy(x))
+    return [y for block, copied in zip(blocks, copy(x), strict=True) for y in _fan_out(copied, *block, shards)]
+
+
+def _blocks(shards: int) -> list[tuple[int, int]]:
+    devices = getattr(_where, "devices", None)
+    return device_blocks(shards, len(devices) if devices else 1)
+
+
+def device_blocks(shards: int, parallel: int) -> list[tuple[int, int]]:
+    """The shards [lo, hi) each of ``parallel`` devices holds (shard k on device k*T//N), when every such block is
+    a node of the fixed tree (so T and N powers of two); otherwise one block per shard."""
+    owner = [k * parallel // shards for k in range(shards)]
+    blocks = [(k, k + owner.count(owner[k])) for k in range(shards) if k == 0 or owner[k] != owner[k - 1]]
+    nodes = set()
+
+    def walk(lo: int, hi: int) -> None:
+        nodes.add((lo, hi))
+        if hi - lo > 1:
+            walk(lo, (lo + hi) // 2)
+            walk((lo + hi) // 2, hi)
+
+    walk(0, shards)
+    return blocks if all(block in nodes for block in blocks) else [(k, k + 1) for k in range(shards)]
+
+
+def _fan_out(x, lo: int, hi: int, shards: int) -> list:
+    """``x`` (on its way to the device of shards [lo, hi)) copied there for each of them; the gradient is the
+    tree's node over [lo, hi), summed on that device."""
+    if hi - lo == 1:
+        return [x]
+
+    @tf.custom_gradient
+    def fan(x):
+        copies = [tf.identity(x) for _ in range(lo, hi)]
+
+        def grad(*dys):
+            parts = {k: tf.zeros_like(x) if dy is None else dy for k, dy in zip(range(lo, hi), dys, strict=True)}
+            return _node(lambda a, b: parts[a] if b - a == 1 else None, lo, hi, shards)
+
+        return copies, grad
+
+    with on_shard(lo, shards):  # the wrapper and the copies on the block's device: x crosses once
+        return list(fan(x))
 
 
 def run(shard: int, shards: int, fn, inputs: tuple, layers: tuple = ()):
@@ -104,9 +179,12 @@ def run(shard: int, shards: int, fn, inputs: tuple, layers: tuple = ()):
     depend on which devices the forwards had run on. So each shard's part is one op to the outer tape
     (``tf.custom_gradient``) whose gradient ``tf.gradients`` builds beside the forward ops (it colocates them).
     ``layers`` are the Keras layers ``fn`` calls: their weights' current values (a stateless call's) are inputs
-    of the part, which is how their gradients leave it.
+    of the part, which is how their gradients leave it. They are read as stored, not cast to a mixed-precision
+    compute dtype: the part's layers make that cast inside it, from these values, so the gradient reaches them
+    (read cast, the layers would cast again inside from the stored value, and the inputs' gradients were None).
     """
-    weights = [w.value for layer in layers for w in layer.trainable_weights]
+    with AutocastScope(None):  # as stored: under mixed precision the part's layers cast them inside, on its path
+        weights = [w.value for layer in layers for w in layer.trainable_weights]
     count = len(inputs)
     scope = tf.get_current_name_scope()
 
@@ -132,139 +210,62 @@ def run(shard: int, shards: int, fn, inputs: tuple, layers: tuple = ()):
         return part(*inputs, *weights)
 
 
-def _tag(layer, shard: int):
+def tagged(layer, shard: int):
     layer.shard_index = shard
     return layer
 
 
-def _dense_parts(name: str, units: int, shards: int, **kwargs) -> list:
-    return [_tag(keras.layers.Dense(units, name=f"{name}_shard_{k}", **kwargs), k) for k in range(shards)]
+def dense_parts(name: str, units: int, shards: int, kernels=None, biases=None, **kwargs) -> list:
+    """Part k: a Dense of ``units`` named ``<name>_shard_<k>``. With ``kernels`` (and ``biases``), one array per
+    part, its weights start as that array: a layer split from one already built (`models.layout`)."""
+    parts = []
+    for k in range(shards):
+        options = dict(kwargs)
+        if kernels is not None:
+            options["kernel_initializer"] = _constant(kernels[k])
+        if biases is not None:
+            options["bias_initializer"] = _constant(biases[k])
+        parts.append(tagged(keras.layers.Dense(units, name=f"{name}_shard_{k}", **options), k))
+    return parts
+
+
+def _constant(values):
+    return lambda shape, dtype=None: tf.constant(values, dtype=dtype)
 
 
 class Column(keras.layers.Layer):
     """A Dense layer of ``units`` outputs kept as ``shards`` column slices (``parts[k]``: outputs
-    [k*units/shards, (k+1)*units/shards)); a model calls each part in its shard's `run`."""
+    [k*units/shards, (k+1)*units/shards)); a model calls each part in its shard's `run`. ``kernel`` and ``bias``
+    (arrays of the whole layer's shapes): the slices start as theirs; None, each part's own initializers."""
 
-    def __init__(self, units: int, shards: int, activation=None, **kwargs):
+    def __init__(self, units: int, shards: int, activation=None, kernel=None, bias=None, use_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.shards = shards
-        self.parts = _dense_parts(self.name, units // shards, shards, activation=activation)
+        kernels = None if kernel is None else np.split(np.asarray(kernel), shards, axis=1)
+        biases = None if bias is None else np.split(np.asarray(bias), shards)
+        options = {"activation": activation, "use_bias": use_bias, "dtype": self.dtype_policy}
+        self.parts = dense_parts(self.name, units // shards, shards, kernels, biases, **options)
         self.built = True  # never called itself: its parts are, inside their shards' passes
 
 
 class Row(keras.layers.Layer):
     """A Dense layer of ``units`` outputs kept as ``shards`` row slices: part k multiplies its slice of the
     inputs (in its shard's `run`); ``finish`` adds the partial products along the tree and the bias once, on
-    shard 0's device."""
+    shard 0's device. ``kernel`` and ``bias``: as `Column`'s."""
 
-    def __init__(self, units: int, shards: int, **kwargs):
+    def __init__(self, units: int, shards: int, kernel=None, bias=None, use_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.shards = shards
-        self.parts = _dense_parts(self.name, units, shards, use_bias=False)
-        self.bias = self.add_weight(shape=(units,), initializer="zeros", name="bias")
+        kernels = None if kernel is None else np.split(np.asarray(kernel), shards, axis=0)
+        self.parts = dense_parts(self.name, units, shards, kernels, use_bias=False, dtype=self.dtype_policy)
+        start = "zeros" if bias is None else _constant(bias)
+        self.bias = self.add_weight(shape=(units,), initializer=start, name="bias") if use_bias else None
         self.built = True  # never called itself: its parts are, inside their shards' passes
 
     def finish(self, partials: list):
         with on_shard(0, self.shards):
-            return tree(partials) + keras.ops.cast(self.bias, partials[0].dtype)
-
-
-class VocabEmbedding(keras.layers.Layer):
-    """An Embedding of ``vocab`` rows kept as ``shards`` slices of rows: shard k looks up the ids in its range
-    (others give zeros), and the shards' rows are added along the tree (one of them is not zero)."""
-
-    def __init__(self, vocab: int, width: int, shards: int, **kwargs):
-        super().__init__(**kwargs)
-        self.shards, self.rows = shards, vocab // shards
-        self.parts = [
-            _tag(keras.layers.Embedding(self.rows, width, name=f"{self.name}_shard_{k}"), k) for k in range(shards)
-        ]
-
-    def call(self, ids):
-        found = [run(k, self.shards, self._lookup(k, ids), (), (part,)) for k, part in enumerate(self.parts)]
-        return tree(found)
-
-    def _lookup(self, shard: int, ids):
-        def lookup():
-            local = ids - shard * self.rows
-            inside = tf.logical_and(local >= 0, local < self.rows)
-            rows = self.parts[shard](tf.where(inside, local, 0))
-            return rows * tf.cast(inside, rows.dtype)[..., None]
-
-        return lookup
-
-
-class VocabHead(keras.layers.Layer):
-    """The output head (no bias) kept as ``shards`` slices of the vocabulary: gives each shard's logits, float32,
-    on its device. No device holds a micro-batch's whole logits: ``cross_entropy`` and ``argmax`` work on them."""
-
-    def __init__(self, vocab: int, shards: int, **kwargs):
-        super().__init__(**kwargs)
-        self.shards = shards
-        self.parts = _dense_parts(self.name, vocab // shards, shards, use_bias=False)
-
-    def call(self, x):
-        copies = to_shards(x, self.shards)
-        return tuple(
-            run(k, self.shards, lambda x, part=part: tf.cast(part(x), tf.float32), (copies[k],), (part,))
-            for k, part in enumerate(self.parts)
-        )
-
-
-def cross_entropy(logits, targets):
-    """Per-position cross-entropy of integer ``targets`` [B, T] under ``logits``: one tensor [B, T, V], or a
-    tuple of vocabulary shards. Over shards, as Megatron's vocabulary-parallel cross-entropy: each shard's
-    maximum, sum of exponentials and target logit on its device, combined by the tree; what crosses devices is
-    a few scalars per position, not logits."""
-    if not isinstance(logits, tuple):
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-    shards, size = len(logits), logits[0].shape[-1]
-    maxima = []
-    for k, part in enumerate(logits):
-        with on_shard(k, shards):
-            maxima.append(tf.reduce_max(part, axis=-1))
-    top = tf.stop_gradient(tree(maxima, tf.maximum))  # the loss's value and gradient do not depend on it
-    sums, picked = [], []
-    for k, part in enumerate(logits):
-        summed, chosen = run(k, shards, _softmax_parts(k, size, targets), (part, top))
-        sums.append(summed)
-        picked.append(chosen)
-    return tf.math.log(tree(sums)) + top - tree(picked)
-
-
-def _softmax_parts(shard: int, size: int, targets):
-    """(sum of exp(logits - top), the target's logit or 0) of one vocabulary shard's logits."""
-
-    def parts(logits, top):
-        local = targets - shard * size
-        inside = tf.logical_and(local >= 0, local < size)
-        chosen = tf.gather(logits, tf.where(inside, local, 0)[..., None], batch_dims=2)[..., 0]
-        return tf.reduce_sum(tf.exp(logits - top[..., None]), axis=-1), tf.where(inside, chosen, 0.0)
-
-    return parts
-
-
-def argmax(logits):
-    """The arg-max over the vocabulary (int32 [B, T]) of one tensor or of its shards; on a tie, the lowest id, as
-    ``tf.argmax``."""
-    if not isinstance(logits, tuple):
-        return tf.argmax(logits, axis=-1, output_type=tf.int32)
-    shards, size = len(logits), logits[0].shape[-1]
-    best = []
-    for k, part in enumerate(logits):
-        with on_shard(k, shards):
-            best.append((tf.reduce_max(part, axis=-1), tf.argmax(part, axis=-1, output_type=tf.int32) + k * size))
-
-    def higher(a, b):  # a holds the lower ids: it wins a tie
-        keep = a[0] >= b[0]
-        return tf.where(keep, a[0], b[0]), tf.where(keep, a[1], b[1])
-
-    return tree(best, higher)[1]
-
-
-def whole(logits):
-    """The logits as one tensor [..., V] (shards concatenated in order): for serving, on one device."""
-    return tf.concat(logits, axis=-1) if isinstance(logits, tuple) else logits
+            total = tree(partials)
+            return total if self.bias is None else total + keras.ops.cast(self.bias, total.dtype)
 
 
 def shard_of_variables(model) -> dict:

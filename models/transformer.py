@@ -30,7 +30,7 @@ from __future__ import annotations
 import keras
 from keras import layers, ops
 
-from models import sharded
+from models import sharded, vocab_shards
 from models.common import NamedDropout
 from models.registry import ModelError
 from models.stages import Piece
@@ -61,7 +61,7 @@ def transformer_lm(
       dropout: Dropout rate after attention weights, each residual branch and the embeddings (training only).
       shards: Tensor-parallel shards of every wide layer (`models.sharded`): attention by heads, the MLP by
         columns then rows, the embedding and the head by vocabulary; it must divide heads and vocab_size. With
-        more than 1 the logits are a tuple of vocabulary shards (`sharded.cross_entropy`, `sharded.whole`).
+        more than 1 the logits are a tuple of vocabulary shards (`vocab_shards.cross_entropy`, `vocab_shards.whole`).
 
     Returns:
       A built ``TransformerLM``: ids int32 [B, T] or (ids, lengths int32 [B]) -> logits float32 [B, T, vocab].
@@ -125,7 +125,7 @@ class TransformerLM(keras.Model):
         self.token_embedding = (
             layers.Embedding(vocab_size, width, name="token_embedding")
             if shards == 1
-            else sharded.VocabEmbedding(vocab_size, width, shards, name="token_embedding")
+            else vocab_shards.VocabEmbedding(vocab_size, width, shards, name="token_embedding")
         )
         self.position_embedding = (
             layers.Embedding(context, width, name="position_embedding") if positions == "learned" else None
@@ -137,7 +137,7 @@ class TransformerLM(keras.Model):
         self.head = (
             layers.Dense(vocab_size, use_bias=False, name="head")
             if shards == 1
-            else sharded.VocabHead(vocab_size, shards, name="head")
+            else vocab_shards.VocabHead(vocab_size, shards, name="head")
         )
 
     def call(self, inputs, training=False):
@@ -189,7 +189,7 @@ class TransformerLM(keras.Model):
         for block, pair in zip(self.blocks, cache, strict=True):
             x, pair = block.cached_call(x, mask, positions, pair)
             kept.append(pair)
-        return sharded.whole(self._head((x,), False)), tuple(kept)
+        return vocab_shards.whole(self._head((x,), False)), tuple(kept)
 
     def _head(self, carried, training):
         logits = self.head(self.final_norm(carried[0]))  # a tuple of float32 vocabulary shards when sharded

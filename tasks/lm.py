@@ -29,7 +29,7 @@ import tensorflow as tf
 from data import list_files
 from data import text as text_data
 from data.schema import DataError, Feature
-from models import sharded
+from models import vocab_shards
 from models.transformer import transformer_lm
 from tasks import lm_generate
 from tasks.base import Task
@@ -106,14 +106,14 @@ class LanguageModel(Task):
     def loss(self, outputs, batch):
         targets, weights = _targets(batch)
         logits = tf.nest.map_structure(lambda x: tf.cast(x, tf.float32), outputs)
-        return sharded.cross_entropy(logits, targets), weights
+        return vocab_shards.cross_entropy(logits, targets), weights
 
     def metrics(self, outputs, batch):
         logits = tf.nest.map_structure(lambda x: tf.cast(x, tf.float32), outputs)
         losses, weights = self.loss(logits, batch)
         targets, _ = _targets(batch)
         target_bytes = tf.gather(tf.constant(self._bytes_per_token), targets) * weights
-        hits = tf.cast(tf.equal(sharded.argmax(logits), targets), tf.float32)
+        hits = tf.cast(tf.equal(vocab_shards.argmax(logits), targets), tf.float32)
         return {
             "bits_per_byte": (tf.reduce_sum(losses * weights) / math.log(2.0), tf.reduce_sum(target_bytes)),
             "accuracy": (tf.reduce_sum(hits * weights), tf.reduce_sum(weights)),
@@ -142,10 +142,10 @@ class LanguageModel(Task):
         lengths = tf.TensorSpec([None], tf.int32, name="lengths")
 
         def all_logits(tokens):
-            return {"logits": tf.cast(sharded.whole(model(tokens, training=False)), tf.float32)}
+            return {"logits": tf.cast(vocab_shards.whole(model(tokens, training=False)), tf.float32)}
 
         def next_token(tokens, lengths):
-            logits = tf.cast(sharded.whole(model((tokens, lengths), training=False)), tf.float32)
+            logits = tf.cast(vocab_shards.whole(model((tokens, lengths), training=False)), tf.float32)
             return {"logits": tf.gather(logits, lengths - 1, batch_dims=1)}  # [B, vocab] at each last real token
 
         return {

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from models import sharded
+from models import vocab_shards
 
 SPECS = [
     tf.TensorSpec([], tf.string, name="prompt"),
@@ -162,7 +162,7 @@ class Generator(tf.Module):
             return logits[:, -1], kept
 
         def window():
-            logits = sharded.whole(self.model((ids[-context:][None], tf.fill([1], context)), training=False))
+            logits = vocab_shards.whole(self.model((ids[-context:][None], tf.fill([1], context)), training=False))
             return tf.cast(logits, tf.float32)[:, -1], cache
 
         return tf.cond(length <= context, cached, window)

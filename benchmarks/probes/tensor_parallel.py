@@ -321,29 +321,33 @@ def layer_formula(size: Size, parallel: int, shards: int) -> dict:
     tree, forward; the output's gradient copied out and the input gradients summed, backward: 4(T-1) x A; as
     Megatron's 2 all-reduces of 2(T-1) x A) and as the traced step moves it (`counted`, see the docstring)."""
     t, a = parallel, size.activation
-    off = shards - shards // t  # shards not on the tower's first device
     scheme = 2 * 4 * (t - 1) * a
-    # per block, as traced since the wrappers of `models.sharded.run` are built on the shard's device: each
-    # off-device shard gets its own copy of the block's input (off, where the design sends one per device, T-1);
-    # each shard's custom-gradient wrapper passes its input through as an output nobody reads, and the tape
-    # makes that output's zero gradient with `zeros_like` on the tower's first device (the length is not static,
-    # so it reads the tensor: off more); the output's gradient goes out once per device (T-1) and the partials'
-    # and input gradients' trees cross as designed. Matched exactly at N = 2, T = 2 (10 A a layer), N = 4, T = 2
-    # (14 A) and N = 4, T = 4 (30 A).
+    # per block, as the step runs it (`traffic.live_ops`): the block's input copied to each other device (once
+    # per device where its shards form a node of the tree, else once per shard: `copies`); the output's gradient
+    # out once per device (T-1); the partials' and the input gradients' trees cross as designed. Matched exactly
+    # at N = 2, T = 2, N = 4, T = 2 and 4 (8, 8 and 24 A a layer, the design's) and N = T = 8.
     trees = 2 * tree_crossings(shards, t, leaves_on_first=False)
-    per_block = 2 * off + trees + (t - 1)
+    per_block = copies(shards, t) + trees + (t - 1)
     return {"scheme": scheme, "counted": 2 * per_block * a if t > 1 else 0}
+
+
+def copies(shards: int, parallel: int) -> int:
+    """Copies of a split block's input the tower's first device sends (`models.sharded.to_shards`): one per
+    other device where each device's shards form a node of the tree, else one per shard off the first device."""
+    from models.sharded import device_blocks
+
+    return sum(1 for lo, _ in device_blocks(shards, parallel) if lo * parallel // shards != 0)
 
 
 def busiest_per_block(parallel: int, shards: int) -> dict:
     """Activation-sized tensors (units of A) the tower's first device sends and receives per split block and
-    step, as the traced step moves them (every custom-gradient wrapper on the first device) and as designed (a
-    copy out to each other device and a tree in, forward and backward)."""
-    t, off = parallel, shards - shards // parallel
+    step, as the step runs them (every shard's part on its own device) and as designed (a copy out to each
+    other device and a tree in, forward and backward)."""
+    t = parallel
     into_first = _tree_into_first(shards, t)
     return {
-        "counted sent": (t - 1) + off + off + tree_crossings(shards, t, True) - _internal_crossings(shards, t),
-        "counted received": off + off + _internal_into_first(shards, t) + into_first + shape_reads(shards, t),
+        "counted sent": copies(shards, t) + (t - 1),
+        "counted received": 2 * into_first,
         "scheme sent": 2 * (t - 1),
         "scheme received": 2 * into_first,
     }
@@ -365,20 +369,6 @@ def _walk(shards: int, parallel: int, leaves_on_first: bool) -> list[tuple[int, 
     return edges
 
 
-def shape_reads(shards: int, parallel: int) -> int:
-    """Sums made off the first device whose shape the tape reads on the first device (the gradient of the
-    tree add they feed, off the first device): each such tensor is sent to the first device for a `Shape`."""
-    return sum(1 for _, p, leaf in _walk(shards, parallel, True) if p != 0 and not leaf)
-
-
-def _internal_crossings(shards: int, parallel: int) -> int:
-    return sum(1 for c, p, leaf in _walk(shards, parallel, True) if c != p and not leaf)
-
-
-def _internal_into_first(shards: int, parallel: int) -> int:
-    return sum(1 for c, p, leaf in _walk(shards, parallel, True) if c != p and not leaf and p == 0)
-
-
 def _tree_into_first(shards: int, parallel: int) -> int:
     """Edges into the first device of the tree whose leaves are on their shards' devices (log2 T for N = T)."""
     return sum(1 for c, p, _ in _walk(shards, parallel, False) if c != p and p == 0)
@@ -391,24 +381,20 @@ PEAK, MFU = 312e12, 0.45  # A100 bf16 dense peak, FLOP/s; the fraction of it a s
 def project(layers=12, heads=16, width=768, context=1024, vocab=50304, micro_batch=8, parallel=8) -> list[dict]:
     """A projection, not a measurement: one micro-batch's step of a GPT-2-small-sized model (12 layers, width
     768, context 1024; 16 heads of 48, which 8 divides, as 12 does not; GPT-2's vocabulary padded to 50,304, a
-    multiple of 8) on one tower of T GPUs: bytes through the first device (bf16 activations; in fp32 the
-    weights the traced step sends it) against the compute time at `MFU` of the A100's peak."""
+    multiple of 8) on one tower of T GPUs: bytes through the first device (bf16 activations) against the compute
+    time at `MFU` of the A100's peak."""
     a = micro_batch * context * width * 2
     blocks = 2 * layers + 1  # the embedding's and the head's exchanges count as one block's
     tokens = micro_batch * context
     params = layers * (12 * width * width + 13 * width) + 2 * vocab * width + context * width
     compute = (6 * params * tokens + 12 * layers * width * context * tokens) / parallel / (PEAK * MFU)
     per = busiest_per_block(parallel, parallel)
-    off_weights = 4 * (layers * (12 * width * width + 7 * width) + 2 * vocab * width) * (parallel - 1) // parallel
     ring = blocks * 2 * 2 * (parallel - 1) / parallel * a  # Megatron: 2 all-reduces a block, each device sends this
     rows = []
     for name, moved in (
         ("Megatron (ring all-reduce)", ring),
         ("towerflow as designed (copy out, tree in)", blocks * per["scheme sent"] * a),
-        (
-            "towerflow as traced now",
-            max(blocks * per["counted sent"] * a, blocks * per["counted received"] * a + off_weights),
-        ),
+        ("towerflow as it runs", max(blocks * per["counted sent"] * a, blocks * per["counted received"] * a)),
     ):
         row = {"scheme": name, "busiest_bytes": moved, "compute_sec": compute}
         row.update({link: moved / bandwidth for link, bandwidth in GPU.items()})

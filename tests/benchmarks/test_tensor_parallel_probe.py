@@ -1,7 +1,7 @@
 """benchmarks/probes/tensor_parallel.py at a tiny size (byte tokens, 1 or 2 blocks of 2 heads, width 32, context
 8, 2 sequences, N = 2) on the session's 4 logical CPU devices, in process: each device's state is its share of
 the model's by formula and the shares add up to the model's; what a device needs falls with T; the bytes a
-step moves, per layer, are the probe's formula of what the traced step moves, exactly; not (yet) the design's."""
+step moves, per layer, are the probe's formula of what the step runs, exactly; at N = T, the design's."""
 
 import pytest
 
@@ -51,8 +51,9 @@ def test_the_counted_bytes_are_the_probes_formula(rows):
     assert one_layer == probe.layer_formula(SIZE, 2, N)["counted"]
 
 
-@pytest.mark.xfail(strict=True, reason="each off-device shard gets its own copy of a block's input and of its "
-                   "output's gradient, not one per device (benchmarks/results/tensor-parallel.md)")  # fmt: skip
-def test_a_layer_moves_what_megatron_moves(rows):
+def test_at_n_equal_to_t_a_layer_moves_what_megatron_moves(rows):
+    """N = T = 2: each shard's input copy, output gradient and trees are the design's 4(T-1) A a block, the bytes
+    of Megatron's all-reduces. (At N > T each off-device shard gets its own copy of a block's input: N - N/T,
+    not T - 1; `layer_formula` counts it.)"""
     one_layer = probe.moved_activations(rows[2, N, 2]) - probe.moved_activations(rows[2, N, 1])
     assert one_layer == probe.layer_formula(SIZE, 2, N)["scheme"] == 8 * SIZE.activation

@@ -33,27 +33,27 @@ def test_the_logits_come_as_four_vocabulary_shards(model):
 
 
 def test_the_sharded_cross_entropy_and_argmax_are_those_of_the_whole_logits(model):
-    from models import sharded
+    from models import vocab_shards
 
     logits, targets = model(_ids()), _ids(seed=1)
-    whole = sharded.whole(logits)
+    whole = vocab_shards.whole(logits)
     expected = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=whole)
-    np.testing.assert_allclose(sharded.cross_entropy(logits, targets), expected, rtol=2e-6)
-    np.testing.assert_array_equal(sharded.argmax(logits), tf.argmax(whole, axis=-1, output_type=tf.int32))
+    np.testing.assert_allclose(vocab_shards.cross_entropy(logits, targets), expected, rtol=2e-6)
+    np.testing.assert_array_equal(vocab_shards.argmax(logits), tf.argmax(whole, axis=-1, output_type=tf.int32))
 
 
 def test_a_tie_goes_to_the_lowest_id_as_tf_argmax():
-    from models import sharded
+    from models import vocab_shards
 
     shards = (tf.constant([[[0.0, 1.0]]]), tf.constant([[[1.0, 0.5]]]))  # ids 1 and 2 tie at 1.0
-    assert int(sharded.argmax(shards)[0, 0]) == 1
+    assert int(vocab_shards.argmax(shards)[0, 0]) == 1
 
 
 def test_the_cached_path_gives_the_full_calls_logits(model):
-    from models import sharded
+    from models import vocab_shards
 
     ids = _ids(batch=1)
-    full = sharded.whole(model((ids, tf.fill([1], 8))))
+    full = vocab_shards.whole(model((ids, tf.fill([1], 8))))
     first, cache = model.cached_call(ids[:, :5], 0, model.empty_cache(1))
     rest, _ = model.cached_call(ids[:, 5:], 5, cache)
     np.testing.assert_allclose(tf.concat([first, rest], axis=1), full, rtol=1e-5, atol=1e-6)

@@ -21,6 +21,10 @@ from models.transformer import transformer_lm
 from tasks import lm_generate, sample
 from tests.support.runs import trained_lm_run
 
+# Its tests share the char run and, with test_lm_subword.py, the session's subword run: on one xdist worker these are
+# made once, not once per worker
+pytestmark = pytest.mark.xdist_group("subword_lm_run")
+
 CHARS = list("\n abcdefgh")
 CONTEXT = 8
 
@@ -151,6 +155,7 @@ def subword_run(subword_lm_run):
     return subword_lm_run / "run"  # tests/tasks/conftest.py: test_lm_subword's run
 
 
+@pytest.mark.xdist_group("subword_lm_run")  # test_lm_subword's: the session's subword run made once
 @pytest.mark.parametrize("tokens", ["char", "subword"])
 def test_a_fresh_process_generates_the_samplers_text(tokens, request, capsys):
     run_dir = request.getfixturevalue(f"{tokens}_run")

@@ -16,6 +16,10 @@ import tensorflow as tf
 from data import subword
 from tasks import sample
 
+# The session's subword run (tests/tasks/conftest.py: records and a 3-step `python -m trainer` run with its
+# export) is read here and by test_lm_generate's fresh-process test: in one xdist group, it is made once.
+pytestmark = pytest.mark.xdist_group("subword_lm_run")
+
 
 @pytest.fixture(scope="module")
 def run(subword_lm_run):

@@ -1,9 +1,10 @@
 """Bytes each device sends and receives per step, counted from the step's traced graph.
 
-For every op input produced on another device, the tensor's bytes (static shape x dtype size) are added to
-the producer's `sent` and the consumer's `received`, once per (tensor, consuming device): TensorFlow's graph
-partitioner sends a tensor to a device once, however many ops there read it. Resource handles and control
-edges carry no data and are not counted.
+For every input of an op the step runs that was produced on another device, the tensor's bytes (static shape x
+dtype size) are added to the producer's `sent` and the consumer's `received`, once per (tensor, consuming
+device): TensorFlow's graph partitioner sends a tensor to a device once, however many ops there read it.
+Resource handles and control edges carry no data and are not counted, nor are ops no output or stateful op
+needs (`live_ops`): TensorFlow prunes them.
 
 Where an op runs, as TensorFlow's placer decides it for these graphs:
 - an op that takes a resource (a variable, the input iterator) runs where the resource lives, whatever its
@@ -94,11 +95,14 @@ class _Counter:
         self._seen = set()  # (tensor ref, consuming device): each tensor reaches a device once
 
     def walk(self, graph, where: dict, default: str) -> None:
-        """Resolves every op's device in `graph` (in creation order, so inputs come first) and counts."""
-        devices_by_name = {}
+        """Resolves every op's device in `graph` (in creation order, so inputs come first) and counts the inputs
+        of the ops a call runs (`live_ops`)."""
+        devices_by_name, live = {}, live_ops(graph)
         for op in graph.get_operations():
             device = self._device(op, where, devices_by_name, default)
             devices_by_name[op.name] = device
+            if op.name not in live:
+                continue
             if op.type in _CONDS and hasattr(op, "_true_graph"):
                 self._follow_cond(op, where, device)  # its inputs go to the branch's ops, counted there
                 continue
@@ -148,6 +152,21 @@ class _Counter:
         self.walk(branch, where, device)
         for output, inner in zip(op.outputs, branch.outputs, strict=True):
             where[output.ref()] = where.get(inner.ref(), device)
+
+
+def live_ops(graph) -> set[str]:
+    """The names of the ops a call of `graph` runs: those its outputs and control outputs (its stateful ops)
+    need. TensorFlow prunes the others when it instantiates the function, so they move nothing: a gradient the
+    tape makes and then drops (the zero gradient of a custom-gradient wrapper's pass-through output) is one."""
+    stack = [tensor.op for tensor in graph.outputs] + list(getattr(graph, "control_outputs", ()))
+    live = set()
+    while stack:
+        op = stack.pop()
+        if op.name not in live:
+            live.add(op.name)
+            stack.extend(tensor.op for tensor in op.inputs)
+            stack.extend(op.control_inputs)
+    return live
 
 
 def model_bytes(variables) -> int:
