@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import data
 import tasks
-from models import sharded, stages
+from models import layout, sharded, stages
 from trainer.loop import padding
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.inputs import Inputs, eval_dataset_fn, train_iterators
@@ -143,7 +143,8 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
     """The task's model with its variables where they live: all on the parameter device; spread, each on its
     owner; with pipeline stages, each on its stage's device of the first pipeline; with tensor-parallel towers,
     each shard's on its device of the (stage's) tower, the rest on the tower's first device."""
-    build_fn, plan, split = task.build_model, config.towers.pipeline, config.towers.tensor
+    plan, split = config.towers.pipeline, config.towers.tensor
+    build_fn = lambda: layout.split(task.build_model(), split.layout, split.shards)  # noqa: E731
     reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
     if plan.stages > 1 or split.parallel > 1:
         owners_of = lambda model: _stage_and_shard_owners(model, plan, split)  # noqa: E731
@@ -165,7 +166,8 @@ def _check_shards(model, split) -> None:
         raise ConfigError(
             f"--tensor_shards={split.shards} (--tensor_parallel={split.parallel}) needs a model whose layers are "
             f"split into {split.shards} shards; model {model.name!r} has {sharded.shard_count(model)} "
-            "(a model built of models.sharded layers, as the built-in language model is; docs/tensor_parallel.md)"
+            "(name its Dense layers to split with --tensor_layout, or build it of models.sharded layers as the "
+            "built-in language model is; docs/tensor_parallel.md)"
         )
 
 

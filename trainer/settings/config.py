@@ -13,7 +13,7 @@ import dataclasses
 
 import tasks
 from trainer.settings.errors import ConfigError
-from trainer.settings.splits import Pipeline, TensorSplit
+from trainer.settings.splits import Pipeline, TensorSplit, layout_pairs
 
 DEVICE_KINDS = ("gpu", "cpu")
 PARAMETER_DEVICES = ("gpu", "cpu", "spread")
@@ -207,12 +207,14 @@ class TowerConfig:
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.transfers)
     tensor_parallel: int = 1  # T: devices per tower, each layer split over them (models.sharded)
     tensor_shards: int = 0  # N: shards of each split layer; 0: T
+    tensor_layout: tuple[str, ...] = ()  # "PATTERN=column|row": a user's model's Dense layers split (models.layout)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.job.cluster); not a flag
 
     @property
     def tensor(self) -> TensorSplit:
         """The --tensor_* settings as one value, what the model, the placement and the runners read."""
-        return TensorSplit(self.tensor_parallel, self.tensor_shards or self.tensor_parallel)
+        layout = layout_pairs(self.tensor_layout)
+        return TensorSplit(self.tensor_parallel, self.tensor_shards or self.tensor_parallel, layout)
 
     @property
     def towers_per_task(self) -> int:

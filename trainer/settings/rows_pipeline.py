@@ -4,6 +4,7 @@ devices (`trainer.step.pipeline.runner`; docs/pipelines.md). `TowerConfig.pipeli
 from __future__ import annotations
 
 from trainer.settings import config as cfg
+from trainer.settings import splits
 from trainer.settings.flag import FIXED, FREE, Flag, at_least
 
 
@@ -61,7 +62,8 @@ def tensor() -> list[Flag]:
             "T: a tower is T devices, and each wide layer of the model is split over them (tensor parallelism, "
             "docs/tensor_parallel.md: attention by heads, the MLP by columns then rows, embedding and head by "
             "vocabulary). --num_gpus = data x stages x T on each task. Same weights bitwise for every T dividing "
-            "--tensor_shards. Sync only; a model built of split layers (the built-in language model's).",
+            "--tensor_shards. Sync only; a model with split layers (the built-in language model's, or by "
+            "--tensor_layout).",
             FREE,
             check=at_least(1),
         ),
@@ -75,4 +77,21 @@ def tensor() -> list[Flag]:
             FIXED,
             check=at_least(0),
         ),
+        Flag(
+            "tensor_layout",
+            "towers.tensor_layout",
+            g,
+            "Which Dense layers of a functional or Sequential model split, as PATTERN=column or PATTERN=row "
+            "(comma-separated; a pattern is a regular expression matching a layer's whole name): column keeps "
+            "output columns in each shard, row input rows; a row layer right after a column layer takes its "
+            "shards' outputs where they are (docs/tensor_parallel.md). Part of the model, as --tensor_shards.",
+            FIXED,
+            parse=layout_entries,
+        ),
     ]
+
+
+def layout_entries(values) -> tuple[str, ...]:
+    """--tensor_layout's entries as given, once each parses (`splits.layout_pairs`)."""
+    splits.layout_pairs(values or ())
+    return tuple(values or ())

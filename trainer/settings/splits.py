@@ -7,7 +7,9 @@ imported here, since `trainer.settings.config` builds these values)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
+from trainer.settings.errors import ConfigError
 from trainer.settings.errors import require as _require
 
 
@@ -76,6 +78,7 @@ class TensorSplit:
 
     parallel: int = 1  # T: devices per tower
     shards: int = 1  # N: shards per layer; every T dividing N gives the same bits
+    layout: tuple[tuple[str, str], ...] = ()  # (layer-name pattern, "column" or "row"): a user's model (models.layout)
 
     def check(self, towers, mode_runs_pipelines: bool) -> None:
         """Every rule of --tensor_parallel and --tensor_shards, in one place (`modes.settle` runs it).
@@ -112,3 +115,27 @@ class TensorSplit:
             not towers.jit_compile,
             f"--xla cannot be used with --tensor_parallel ({t}): XLA compiles for one device; drop --xla",
         )
+
+
+LAYOUT_SPLITS = ("column", "row")  # how --tensor_layout splits a Dense layer (models.layout)
+
+
+def layout_pairs(entries) -> tuple[tuple[str, str], ...]:
+    """--tensor_layout's entries ("PATTERN=column" or "PATTERN=row") as (pattern, split) pairs.
+
+    Raises:
+      ConfigError: an entry of another form, or a pattern that is not a regular expression.
+    """
+    pairs = []
+    for entry in entries:
+        pattern, _, how = entry.rpartition("=")
+        _require(
+            how in LAYOUT_SPLITS and bool(pattern),
+            f"entry {entry!r} must be PATTERN=column or PATTERN=row (a layer name's pattern)",
+        )
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"entry {entry!r}: {pattern!r} is not a regular expression ({e})") from None
+        pairs.append((pattern, how))
+    return tuple(pairs)

@@ -1,15 +1,16 @@
 """What the SavedModel serves is what the run evaluated (issue #20), for every --augment and --normalize value.
 
 Each case trains briefly on real image records (`data.prepare synthetic`, 32x32x3, PNG or JPEG),
-then two fresh processes, each answering for all five runs, answer for the same eval files: the trainer's own
+then two fresh processes, each answering for all six runs, answer for the same eval files: the trainer's own
 eval pipeline and model (its flags from flags.txt, `trainer.loop.build.build`, the final checkpoint restored,
 `Evaluator.predictions`: the towers, split and graph that computed metrics.json's eval_accuracy), and a client
 that imports only TensorFlow and feeds the export the eval records' encoded images (`serving_default`), their
 decoded uint8 pixels (`predict_uint8`) and pixels / 255 (`predict_float`). Five runs cover each augmentation
-and each normalization (custom: per channel and one for all) at least once. The model is the mlp: the cnn's
-BatchNorm statistics are still far from the batches' after a few dozen steps, and its eval answers at chance.
-The JPEG records (smooth, photo-like class templates) survive crops and flips; under imagenet eval decodes
-only the crop of a JPEG (`decode_and_crop_jpeg`) while the client decodes it whole.
+and each normalization (custom: per channel and one for all) at least once; a sixth trains and evaluates the
+model split over 2 devices per tower (`--tensor_layout`), whose export is the whole model on one device. The
+model is the mlp: the cnn's BatchNorm statistics are still far from the batches' after a few dozen steps, and
+its eval answers at chance. The JPEG records (smooth, photo-like class templates) survive crops and flips; under
+imagenet eval decodes only the crop of a JPEG (`decode_and_crop_jpeg`) while the client decodes it whole.
 """
 
 import contextlib
@@ -26,13 +27,26 @@ from tests.support.paths import ROOT
 from tests.support.runs import cpu_flags
 
 CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
-CASES = [  # (augment, normalize, image format)
-    ("none", "none", "png"),
-    ("flip", "imagenet", "jpeg"),
-    ("crop_flip", CUSTOM, "jpeg"),
-    ("imagenet", "imagenet", "jpeg"),
-    ("imagenet", "0.45,0.25", "jpeg"),
+CASES = [  # (augment, normalize, image format, devices); the most devices first: the eval process builds them in order
+    ("flip", "imagenet", "png", "2 towers of 2, 4 shards"),
+    ("none", "none", "png", "2 towers"),
+    ("flip", "imagenet", "jpeg", "2 towers"),
+    ("crop_flip", CUSTOM, "jpeg", "2 towers"),
+    ("imagenet", "imagenet", "jpeg", "2 towers"),
+    ("imagenet", "0.45,0.25", "jpeg", "2 towers"),
 ]
+# The tensor-parallel case: the mlp's two hidden layers split by --tensor_layout, trained and evaluated on 2 towers
+# of 2 devices, exported whole (one device).
+DEVICES = {
+    "2 towers": {"num_gpus": 2},
+    "2 towers of 2, 4 shards": {
+        "num_gpus": 4,
+        "tensor_parallel": 2,
+        "tensor_shards": 4,
+        "micro_batches": 2,
+        "tensor_layout": "dense1=column,dense2=row",
+    },
+}
 SIGNATURES = ("serving_default", "predict_uint8", "predict_float")
 
 # The trainer's eval of each run in argv, in one fresh process: the run's own flags, built and restored as a
@@ -111,10 +125,11 @@ def served(tmp_path_factory) -> dict:
     client in another (one TensorFlow start each, not one per case)."""
     base = tmp_path_factory.mktemp("served")
     records, runs = _records(base), {}
-    for case in CASES:
-        augment, normalize, image_format = case
-        run, eval_glob = base / f"run-{augment}-{normalize}-{image_format}", str(records[image_format] / "eval-*")
+    for i, case in enumerate(CASES):
+        augment, normalize, image_format, devices = case
+        run, eval_glob = base / f"run-{i}", str(records[image_format] / "eval-*")
         flags = cpu_flags(
+            **DEVICES[devices],
             model="mlp",
             train_data=records[image_format] / "train-*",
             eval_data=eval_glob,
@@ -134,11 +149,13 @@ def served(tmp_path_factory) -> dict:
     return {case: (*runs[case], evaluated[i], answered[i]) for i, case in enumerate(CASES)}
 
 
-@pytest.mark.parametrize(("augment", "normalize", "image_format"), CASES)
-def test_export_serves_what_eval_evaluated(served, augment, normalize, image_format):
-    run, _, evaluated, served_logits = served[augment, normalize, image_format]
+@pytest.mark.parametrize(("augment", "normalize", "image_format", "devices"), CASES)
+def test_export_serves_what_eval_evaluated(served, augment, normalize, image_format, devices):
+    run, _, evaluated, served_logits = served[augment, normalize, image_format, devices]
     metrics = json.loads((run / "metrics.json").read_text())
     assert (metrics["augment"], metrics["normalize"]) == (augment, normalize)
+    split = DEVICES[devices].get("tensor_parallel", 1), DEVICES[devices].get("tensor_shards", 1)
+    assert tuple(metrics["tensor_parallel"].values()) == split
     labels, eval_logits = np.array(evaluated["labels"]), np.array(evaluated["logits"])
     eval_classes = np.argmax(eval_logits, axis=-1)
     assert len(labels) == metrics["eval_examples"] == 200

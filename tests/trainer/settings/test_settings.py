@@ -35,8 +35,8 @@ def test_every_setting_is_one_row_of_the_table_and_every_row_one_setting():
     assert set(table.BY_FIELD) - TASK_ARGUMENTS == _fields() - NOT_FLAGS - {"task.options"}
     assert {f"task.{a.name}" for _, a in tasks.built_in_arguments()} == TASK_ARGUMENTS
     assert (
-        len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 77
-    )  # 74 + --lm_preset, --tensor_parallel, --tensor_shards
+        len(table.BY_NAME) == len(table.BY_FIELD) == len(table.FLAGS) == 78
+    )  # 74 + --lm_preset, --tensor_parallel, --tensor_shards, --tensor_layout
     assert set(table.GROUPS) == {flag.group for flag in table.FLAGS}
     assert {flag.resume for flag in table.FLAGS} == {FIXED, FREE}
 
