@@ -1,5 +1,6 @@
 """Shared test setup: 4 logical CPU devices stand in for GPUs, a per-session digits cache (per xdist worker),
-and the tests marked slurm or twonode kept on one xdist worker.
+the tests marked slurm or twonode kept on one xdist worker, and so are the tests of a module that share a module
+fixture (xdist hands out the groups with the most tests first).
 
 Logical devices can only be configured before TensorFlow initialises its devices, so this happens once,
 when pytest loads this file, before any test module runs an op.
@@ -40,12 +41,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slurm") or item.get_closest_marker("twonode"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif not item.get_closest_marker("xdist_group") and _uses_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     result = yield
     if getattr(config.option, "loadgroup", False):
         for item in items:
             if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
                 item.add_marker(pytest.mark.ungrouped)
     return result
+
+
+def _uses_a_module_fixture(item) -> bool:
+    """Whether the test uses a fixture computed once per module (a run several tests read; the config factory
+    `make_module_config` aside). Its module's tests are then one xdist group: spread over both workers, each
+    worker would compute it (the served-equals-evaluated runs, 52 s of setup, were trained twice)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info else {}
+    return any(
+        fixture.scope == "module" and name != "make_module_config"
+        for name in item.fixturenames
+        for fixture in defs.get(name, ())
+    )
 
 
 def pytest_collection_finish(session):

@@ -20,9 +20,6 @@ from data.schema import Feature
 from tests.support import tasks_example
 from tests.tasks.test_task_errors import _run
 
-# Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
-pytestmark = pytest.mark.xdist_group("feature_checks")
-
 TOKENS = {"tokens": Feature("int64", max_length=16), "y": Feature("float32")}
 BAD = 37  # the training record holding an id of 40, past VOCAB (32), or lacking its tokens
 BAD_EVAL = 3

@@ -19,9 +19,6 @@ from tests.support import tasks_example
 from tests.support.paths import ROOT
 from tests.support.runs import cpu_flags, run_trainer
 
-# Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
-pytestmark = pytest.mark.xdist_group("task_errors")
-
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
 USER = "tests.support.tasks_example:Regression"
 LONG_RECORD = 37  # the record of long-train.tfrecord holding 12 values (Padded's max_length is 8)

@@ -31,8 +31,6 @@ import tensorflow as tf
 from tests.support.paths import ROOT
 from tests.support.runs import trainer_command
 
-# Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
-pytestmark = pytest.mark.xdist_group("new_user")
 # No PYTHONPATH: the user's directory is found because `python -m` puts it first, towerflow by its install.
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"CUDA_VISIBLE_DEVICES": ""}
 STEPS = 60

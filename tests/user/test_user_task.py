@@ -22,8 +22,6 @@ from tests.support import tasks_example
 from tests.support.paths import ROOT
 from tests.support.runs import trainer_command
 
-# Its tests share the module fixture's trainer runs: on one xdist worker, they run once (not once per worker).
-pytestmark = pytest.mark.xdist_group("user_task")
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
 STEPS = 200
 KILL_AFTER_STEP = 20

@@ -10,15 +10,20 @@ import tensorflow as tf
 
 import data
 from tests.support.console import on_line
+from trainer.loop import run as run_lib
 from trainer.loop.build import build
 from trainer.loop.run import train
 from trainer.outputs import report
 from trainer.system import devices
 
+# One xdist worker for the module: the runs several tests share (`_initial_weights`, `_shared`) are trained once.
+pytestmark = pytest.mark.xdist_group("determinism")
+
 STEPS = 12
 # The line a run prints once it is built (its streams, and a cache, made) and before its first step.
 STARTING = r"^attempt \d+ \("
 _INITIAL = {}
+_SHARED = {}  # (num_towers, micro_batches, train_steps) -> the metrics of that run, trained once per module
 
 
 def _initial_weights(make_config, tmp_path) -> str:
@@ -59,11 +64,22 @@ def _train(make_config, tmp_path, name, num_towers, micro_batches=4, **loop):
     return train(config)
 
 
+def _shared(make_config, tmp_path, num_towers, micro_batches=4, train_steps=STEPS) -> dict:
+    """The metrics of the plain run of `_train`'s settings (no other loop setting), trained once per module:
+    several tests hold their runs against the same one (its weights do not depend on its model_dir)."""
+    key = (num_towers, micro_batches, train_steps)
+    if key not in _SHARED:
+        name = f"shared-n{num_towers}-k{micro_batches}-s{train_steps}"
+        _SHARED[key] = _train(make_config, tmp_path, name, num_towers, micro_batches, train_steps=train_steps)
+    return _SHARED[key]
+
+
 @pytest.mark.quick
 def test_rerun_and_tower_counts_give_identical_weights(make_config, tmp_path):
     """cnn has BatchNorm and Dropout: the hardest case for tower-count invariance."""
     initial = _initial_weights(make_config, tmp_path)
-    hashes = {n: _train(make_config, tmp_path, f"n{n}", n)["weights_sha256"] for n in (1, 2, 4)}
+    hashes = {n: _train(make_config, tmp_path, f"n{n}", n)["weights_sha256"] for n in (1, 4)}
+    hashes[2] = _shared(make_config, tmp_path, 2)["weights_sha256"]
     rerun = _train(make_config, tmp_path, "n2-again", 2)
     assert hashes[1] == hashes[2] == hashes[4] == rerun["weights_sha256"]
     assert rerun["weights_sha256"] != initial  # the runs trained: equal hashes of untouched weights prove nothing
@@ -94,23 +110,26 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(make_config, tmp_path)
 def test_parameter_device_does_not_change_the_result(make_config, tmp_path, monkeypatch, parameter_device):
     """On logical CPU towers --parameter_device=gpu and =cpu both mean /device:CPU:0, so this places the
     variables on other devices explicitly: a tower's (CPU:1), and one that runs no tower (CPU:3)."""
-    place = devices.place
+    place, built = devices.place, []
 
     def placed(config):
         return dataclasses.replace(place(config), parameter_device=parameter_device)
 
+    def recorded(*args, **kwargs):  # the trainer the run builds and trains, to read its variables' devices
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
     monkeypatch.setattr(devices, "place", placed)
+    monkeypatch.setattr(run_lib, "build", recorded)
     config = make_config(
         model_dir=tmp_path / "placed", towers={"num_towers": 2, "micro_batches": 4}, loop={"train_steps": 4}
     )
-    trainer = build(config)
-    assert {v.value.device.split("/device:")[1] for v in trainer.model.variables} == {parameter_device[8:]}
     placed_result = train(config)
-    monkeypatch.setattr(devices, "place", place)
-    reference = make_config(
-        model_dir=tmp_path / "ref", towers={"num_towers": 1, "micro_batches": 4}, loop={"train_steps": 4}
-    )
-    assert placed_result["weights_sha256"] == train(reference)["weights_sha256"]
+    monkeypatch.undo()
+    (trainer,) = built
+    assert {v.value.device.split("/device:")[1] for v in trainer.model.variables} == {parameter_device[8:]}
+    # the reference (1 tower, variables where the run puts them): trained once for the three placements
+    assert placed_result["weights_sha256"] == _shared(make_config, tmp_path, 1, train_steps=4)["weights_sha256"]
 
 
 def test_checkpoints_hold_input_positions_not_shuffle_buffers(make_config, tmp_path):
@@ -173,7 +192,7 @@ def test_augmented_runs_keep_the_contract(make_config, tmp_path, monkeypatch, ca
         assert metrics["augment"] == "flip" and metrics["cache"] == cache
         return metrics["weights_sha256"]
 
-    plain = _train(make_config, tmp_path, "plain", 2)["weights_sha256"]
+    plain = _shared(make_config, tmp_path, 2)["weights_sha256"]  # test_rerun_and_tower_counts' 2-tower run
     hashes = {n: augmented(f"n{n}", n, checkpoint_every_steps=STEPS // 2) for n in (1, 2, 4)}
     _copy_checkpoint(tmp_path / "n2", tmp_path / "resumed", STEPS // 2)
     resumed = augmented("resumed", 2, checkpoint_every_steps=STEPS // 2)

@@ -43,10 +43,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def run_a_at_10(tmp_path_factory):
+    """A copy of run_a's model_dir after its first start (lr 0.05, 10 steps), outside the logdir: the run
+    test_resume_of_an_old_model_dir_moves_its_checkpoints starts from (one trainer process, not two)."""
+    run = tmp_path_factory.mktemp("run_a_at_10") / "run"
+    _trainer(run, 0.05, 10)
+    return run
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory, run_a_at_10):
     """run_a (lr 0.05, 10 steps, then resumed to 20) and run_b (lr 0.1, 10 steps); their metrics.json."""
     root = tmp_path_factory.mktemp("logdir")
-    _trainer(root / "run_a", 0.05, 10)
+    shutil.copytree(run_a_at_10, root / "run_a")
     metrics = {"run_a": _trainer(root / "run_a", 0.05, 20), "run_b": _trainer(root / "run_b", 0.1, 10)}
     return root, metrics
 
@@ -167,10 +176,10 @@ def test_towers_share_one_chart_and_the_projector_is_off(server, logdir):
     assert steps == [1, 5, 10, 11, 15, 20]  # strictly increasing across the resume (each start logs its first step)
 
 
-def test_resume_of_an_old_model_dir_moves_its_checkpoints(tmp_path):
+def test_resume_of_an_old_model_dir_moves_its_checkpoints(tmp_path, run_a_at_10):
     """Runs before `checkpoints/` kept them in model_dir, where TensorBoard's Projector finds them."""
     run = tmp_path / "run"
-    _trainer(run, 0.05, 10)
+    shutil.copytree(run_a_at_10, run)  # a 10-step run (lr 0.05), as run_a's first start
     for name in os.listdir(run / "checkpoints"):
         shutil.move(run / "checkpoints" / name, run / name)
     os.rmdir(run / "checkpoints")

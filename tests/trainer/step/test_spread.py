@@ -4,12 +4,14 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import keras
 import tensorflow as tf
 
 from tasks.classify import Classify
 from tests.support.paths import ROOT as REPO
+from trainer.loop import run as run_lib
 from trainer.loop.build import build
 from trainer.loop.inputs import PlacedIterator
 from trainer.loop.run import train
@@ -25,13 +27,22 @@ CLASSIFY = Classify(RunConfig())  # (features, labels) batches, cross-entropy
 STEPS = 6
 
 
-def _train(make_config, tmp_path, name, placement, num_towers, **loop):
+def _train(make_config, tmp_path, name, placement, num_towers, built=None, **loop):
+    """The run's metrics; with a list `built`, the trainer the run built and trained is appended to it."""
     config = make_config(
         model_dir=tmp_path / name,
         towers={"num_towers": num_towers, "micro_batches": 4, "parameter_device": placement},
         loop={"train_steps": STEPS, **loop},
     )
-    return train(config)
+    if built is None:
+        return train(config)
+
+    def recorded(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    with mock.patch.object(run_lib, "build", recorded):
+        return train(config)
 
 
 def _where(trainer) -> tuple[list[str], list[tuple[str, ...]], str]:
@@ -48,13 +59,10 @@ def _where(trainer) -> tuple[list[str], list[tuple[str, ...]], str]:
     return [v.value.device[-5:] for v in trainer.model.variables], with_slots, slots["iteration"]
 
 
-def _placed(make_config, tmp_path, placement, num_towers) -> list[str]:
-    """Builds the run `_train` trains; checks each momentum slot sits with its variable; returns the devices
-    of the model's variables."""
-    towers = {"num_towers": num_towers, "micro_batches": 4, "parameter_device": placement}
-    variables, with_slots, iterations = _where(
-        build(make_config(model_dir=tmp_path / f"built-{placement}{num_towers}", towers=towers))
-    )
+def _placed(trainer) -> list[str]:
+    """Of the trainer a `_train` run built and trained: checks each momentum slot sits with its variable;
+    returns the devices of the model's variables."""
+    variables, with_slots, iterations = _where(trainer)
     assert with_slots and all(len(set(placed)) == 1 for placed in with_slots), with_slots
     assert {len(placed) for placed in with_slots} == {2}  # momentum: one slot per variable
     assert iterations == "CPU:0"
@@ -65,20 +73,21 @@ def test_spread_gives_the_weights_of_one_parameter_device(make_config, tmp_path)
     """cnn has BatchNorm and Dropout; K = 4 for every N, so all runs sum the same chains of adds. The runs are
     placed as asked (not all on one device, which would give these bits trivially)."""
     initial = report.weights_sha256(build(make_config(model_dir=tmp_path / "init")).model.variables)
-    runs = {(p, n): _train(make_config, tmp_path, f"{p}{n}", p, n) for p, n in [("gpu", 2), ("cpu", 4)]}
-    runs.update({("spread", n): _train(make_config, tmp_path, f"spread{n}", "spread", n) for n in (1, 2, 4)})
+    built = {("gpu", 2): [], ("spread", 4): []}  # the trainers of these runs, to read where their state sits
+    layouts = [("gpu", 2), ("cpu", 4), ("spread", 1), ("spread", 2), ("spread", 4)]
+    runs = {(p, n): _train(make_config, tmp_path, f"{p}{n}", p, n, built.get((p, n))) for p, n in layouts}
     hashes = {key: m["weights_sha256"] for key, m in runs.items()}
     assert len(set(hashes.values())) == 1, hashes
     assert hashes["spread", 4] != initial  # trained: equal hashes of untouched weights prove nothing
     # spread really spreads: at N = 4 every tower holds variables (and their slots), and metrics.json says so
-    spread4 = _placed(make_config, tmp_path, "spread", 4)
+    spread4 = _placed(*built["spread", 4])
     assert sorted(set(spread4)) == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
     assert max(spread4.count(d) for d in set(spread4)) < len(spread4) / 2  # no tower holds most of them
     on_disk = json.loads((tmp_path / "spread4" / "metrics.json").read_text())
     assert on_disk["placement"] == "spread"
     assert [d[-5:] for d in on_disk["parameter_devices"]] == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
     # one parameter device holds everything on the first tower's device
-    assert set(_placed(make_config, tmp_path, "gpu", 2)) == {"CPU:0"}
+    assert set(_placed(*built["gpu", 2])) == {"CPU:0"}
     assert [d[-5:] for d in runs["gpu", 2]["parameter_devices"]] == ["CPU:0"]
 
 

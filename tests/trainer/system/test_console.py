@@ -5,6 +5,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,8 +56,9 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
     assert "batch      64 per step = 2 micro-batches of 32" in out
     assert f"model_dir  {tmp_path / 'run'}, training to step 12" in out
     assert "step       1/12  loss " in out and "first step " in out
-    assert "step       6/12" in out and "ex/s  eta 0:00:" in out
-    assert "done: step 12 in 0:00:" in out
+    # The times in h:mm:ss, whatever they are: a loaded machine takes a minute over these 12 steps.
+    assert "step       6/12" in out and re.search(r"ex/s  eta \d+:\d\d:\d\d", out)
+    assert re.search(r"done: step 12 in \d+:\d\d:\d\d", out)
     assert f"; eval loss {metrics['eval_loss']:.4f}, accuracy {metrics['eval_accuracy']:.4f} (" in out
     assert "task       classify" in out
     assert f"outputs: {tmp_path / 'run' / 'metrics.json'}" in out and f"--logdir={tmp_path / 'run'}" in out

@@ -212,7 +212,9 @@ def test_a_task_with_less_cpu_is_named_slow_on_the_log_lines(tmp_path):
     try:
         with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
             f.write("10000")  # of the 100 ms period
-        flags = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=300", "--log_every_steps=20")
+        # 120 steps: the quota is on from step ~20, so the looks at steps 40 to 120 see task 1 slow, and a task
+        # is named from its second slow look on (trainer.outputs.progress.Stragglers): four namings are expected
+        flags = ("--micro_batches=4", "--global_batch_size=64", "--train_steps=120", "--log_every_steps=20")
         job = Job(tmp_path / "run", tf_config_envs(2), 2, *flags)
         job.wait_for_step(20)
         with open(os.path.join(group, "cgroup.procs"), "w") as f:
