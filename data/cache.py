@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import schema as schema_lib
+from data.options import with_run_options
 from data.parse import raw_image_parser
 from data.schema import DataError, RecordInfo
 
@@ -95,7 +96,7 @@ def _elements(dataset: tf.data.Dataset):
     """The elements of `dataset`, ended by an empty optional rather than by OutOfRangeError: on another task's
     device that error also poisoned the eager executor, which raised it again when collected ("Exception
     ignored in Executor.__del__ ... End of sequence", twice at every multi-task start with a cache)."""
-    iterator = iter(dataset)
+    iterator = iter(with_run_options(dataset))
     while (element := iterator.get_next_as_optional()).has_value():
         yield element.get_value()
 
@@ -125,7 +126,7 @@ def estimated_bytes(info: RecordInfo) -> int:
     bytes / the first record's framed size, times its decoded pixels (uint8, at its stored size)."""
     files = list(info.files)
     total = sum(tf.io.gfile.stat(path).length for path in files)
-    first = next(iter(tf.data.TFRecordDataset(files[0]).take(1))).numpy()
+    first = next(iter(with_run_options(tf.data.TFRecordDataset(files[0]).take(1)))).numpy()
     height, width, channels = _stored_shape(tf.train.Example.FromString(first).features.feature)
     return int(total / (len(first) + schema_lib.FRAME_BYTES) * height * width * channels)
 

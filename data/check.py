@@ -17,6 +17,7 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 from data import schema as schema_lib
+from data.options import with_run_options
 from data.parse import batch_parser
 from data.schema import FRAME_BYTES, DataError, DenseSchema, ImageSchema, RecordInfo
 
@@ -78,7 +79,7 @@ def scan_file(path: str, stop_after: int | None = None) -> Iterator[tuple[int, i
         Corrupt: At the first damaged frame, with its index and offset.
     """
     index, offset = 0, 0
-    batches = iter(tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH))
+    batches = iter(with_run_options(tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH)))
     while stop_after is None or index <= stop_after:
         try:
             batch = next(batches)
@@ -93,7 +94,7 @@ def scan_file(path: str, stop_after: int | None = None) -> Iterator[tuple[int, i
 
 def _raise_corrupt_from(path: str, index: int, offset: int) -> None:
     """A batch starting at record `index` failed: read it one record at a time to find the damaged frame."""
-    records = iter(tf.data.TFRecordDataset(path).skip(index))
+    records = iter(with_run_options(tf.data.TFRecordDataset(path).skip(index)))
     while True:
         try:
             record = next(records)
@@ -248,7 +249,7 @@ def _search_file(path: str, parse, info: RecordInfo, num_classes: int | None, de
         payload = tf.reduce_sum(tf.strings.length(serialized, unit="BYTE", name="payload_bytes"))
         return parse(serialized), tf.cast(payload, tf.int64)
 
-    batches = tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH)
+    batches = with_run_options(tf.data.TFRecordDataset(path).batch(_SEARCH_BATCH))
     batches = batches.map(
         tf.autograph.experimental.do_not_convert(parsed), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )

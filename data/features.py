@@ -20,6 +20,7 @@ from google.protobuf import message as protobuf_message
 
 from data import check
 from data.inspect import list_files, read_first_example
+from data.options import with_run_options
 from data.schema import FRAME_BYTES, DataError, Feature, FeatureSchema, RecordInfo
 
 KINDS = {"int64": "int64_list", "float32": "float_list", "string": "bytes_list"}
@@ -217,7 +218,7 @@ def _search_file(path: str, check_batch, schema: FeatureSchema) -> tuple[int, tu
     """(records read, the first bad record or None) of one file; its bytes are counted, as `data.check` does:
     TFRecordDataset stops without an error where a file ends inside a record's header. A batch with a bad
     record is read again one record at a time, to name it and say what is wrong."""
-    batches = tf.data.TFRecordDataset(path).batch(_CHECK_BATCH)
+    batches = with_run_options(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
     batches = batches.map(
         tf.autograph.experimental.do_not_convert(check_batch), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )

@@ -9,6 +9,7 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 from data import schema as schema_lib
+from data.options import with_run_options
 from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
 
 
@@ -72,7 +73,7 @@ def inspect_records(pattern: str, schema: ImageSchema | DenseSchema | None = Non
 
 def read_first_example(path: str) -> tf.train.Example:
     try:
-        records = list(tf.data.TFRecordDataset(path).take(1))
+        records = list(with_run_options(tf.data.TFRecordDataset(path).take(1)))
     except tf.errors.DataLossError as e:
         raise DataError(f"{path} is not a TFRecord file or is corrupt ({e.message.strip()})") from e
     if not records:

@@ -21,6 +21,7 @@ from data import augment as augment_lib
 from data import order as order_lib
 from data.cache import DecodedRecords, decode_records
 from data.integrity import BadRecords
+from data.options import with_run_options
 from data.parse import batch_parser, cached_parser
 from data.schema import DataError, ImageSchema, Preprocess, RecordInfo
 
@@ -215,15 +216,5 @@ def _with_position(parse, keep: bool):
 
 
 def finished(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset` prefetched, with the options every pipeline runs under."""
-    options = tf.data.Options()
-    options.deterministic = True
-    # Reading training files writes bad_records' table, which the run checkpoints itself; without IGNORE,
-    # saving the iterator refuses a pipeline with such stateful ops.
-    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-    # No autotuning model: with it, deleting an iterator (a stream rebuilt after a restore, an eval pass, a
-    # finished run's streams) waited for the model's thread, 30-80 s at a time on a busy 2-core machine
-    # (docs/facts.md). Without it each AUTOTUNE map runs one call per core and prefetch grows its own
-    # buffer; throughput measured the same (benchmarks.harness.inputs, tfrecord_vs_memory).
-    options.autotune.enabled = False
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+    """`dataset` prefetched, with the options every pipeline runs under (`data.options`)."""
+    return with_run_options(dataset.prefetch(tf.data.AUTOTUNE))
