@@ -30,7 +30,7 @@ def pytest_configure(config):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2`, with setup.cfg's `--dist loadgroup`), every test marked slurm or twonode runs
+    """Under pytest-xdist (`-n 3`, with setup.cfg's `--dist loadgroup`), every test marked slurm or twonode runs
     on one worker: the slurm ones share the one local Slurm the session fixture `local_slurm` brings up and takes
     down, and jobs on either Slurm take both cores for up to minutes, which tests timing Slurm's signals do not
     survive beside each other.
