@@ -1,5 +1,6 @@
 """The tf.data options of every pipeline towerflow iterates: the training and eval streams
-(`data.pipeline.finished`) and the eager reads of records (the decoded cache's build, the record checks)."""
+(`data.pipeline.finished`) and the eager reads of records (the decoded cache's build, the record checks,
+`data.inspect`, the TensorBoard event files a resume cuts back: `trainer.outputs.event_files`)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
 
 from data.check import first_line
+from data.options import with_run_options
 from data.schema import FRAME_BYTES
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
@@ -69,7 +70,7 @@ def read_whole_records(path: str) -> tuple[list[bytes], str | None]:
     """The records of a TFRecord file up to the first that is not whole, and what is wrong from there on
     (None: every byte of the file is in a whole record)."""
     records, problem = [], None
-    iterator = iter(tf.data.TFRecordDataset(path))
+    iterator = iter(with_run_options(tf.data.TFRecordDataset(path)))
     while True:
         try:
             records.append(next(iterator).numpy())
