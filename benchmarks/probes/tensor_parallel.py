@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.probes.tensor_parallel_formulas import (  # noqa: F401 (the probe's test reads them here)
+from benchmarks.harness.tensor_parallel_formulas import (  # noqa: F401 (the probe's test reads them here)
     ACTIVATION_KINDS,
     FLOAT,
     GPU,
