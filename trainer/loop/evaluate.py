@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from data.options import with_run_options
 from trainer.step.core import micro_batch as tw
 from trainer.step.core import tree
 from trainer.system import graphs
@@ -57,7 +58,7 @@ class Evaluator:
 
     def _evaluate(self, should_stop) -> dict | None:
         totals, count = None, 0
-        for batch in self.make_dataset():
+        for batch in self._batches():
             if should_stop is not None and should_stop():
                 return None
             sums = tf.nest.map_structure(float, self._eval_fn(batch))
@@ -76,10 +77,14 @@ class Evaluator:
         against what was evaluated."""
         outputs_fn = graphs.function(self._batch_outputs)
         outputs, batches = [], []
-        for batch in self.make_dataset():
+        for batch in self._batches():
             outputs.append(tf.nest.map_structure(np.asarray, outputs_fn(batch)))
             batches.append(tf.nest.map_structure(np.asarray, batch))
         return outputs, batches
+
+    def _batches(self) -> tf.data.Dataset:
+        """The eval data, under the options of every pipeline the engine iterates (`data.options`)."""
+        return with_run_options(self.make_dataset())
 
     def _batch_sums(self, batch):
         """((loss sum, weight), {name: (sum, count)}) of one batch, reduced in tower order."""

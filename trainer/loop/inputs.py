@@ -19,6 +19,7 @@ import dataclasses
 import tensorflow as tf
 
 import data
+from data.options import with_run_options
 from trainer.settings.config import DataConfig, RunConfig
 from trainer.step.modes import Plan
 from trainer.system import graphs
@@ -75,6 +76,8 @@ class PlacedIterator:
     restored position; it resumes exactly.
 
     A dataset without positions (benchmarks' in-memory data) yields batches; it restarts from its beginning.
+    Whatever the dataset, it runs under `data.options.with_run_options`: a stream lives for the whole run, and
+    with tf.data's autotuning model its deletion would wait out the model's sleep, up to a minute (docs/facts.md).
     """
 
     def __init__(self, make_dataset, device: str, position_size: int = 2):
@@ -96,7 +99,7 @@ class PlacedIterator:
         # has not been initialized", seen once in a 2-task run on a loaded machine). The scope's end waits for
         # every executor, local and remote (`sync_executors`).
         with tf.device(self.device), tf.experimental.async_scope():
-            self.iterator = iter(graphs.pipelines(self._make_dataset)(position))
+            self.iterator = iter(with_run_options(graphs.pipelines(self._make_dataset)(position)))
         spec = self.iterator.element_spec
         self.element_spec = spec[0] if self._positioned else spec  # of one batch
 
