@@ -4,6 +4,10 @@ All read the same in-memory batches as towerflow's memory sides, build the same 
 same seed, and use the same optimizer (SGD, momentum 0.9, constant learning rate). The custom loops take
 the batch from the iterator inside the `tf.function`, as Keras's own `train_function` does, so they pay no
 Python per batch that a careful user would not avoid either; `KerasFitSide` is Keras's `model.fit` itself.
+
+Each reads its dataset under the options towerflow's streams run under (`data.options.with_run_options`, as
+`trainer.loop.inputs.PlacedIterator` applies them): no side is timed with tf.data's autotuning model and
+another without it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import tensorflow as tf
 
 import models
 from benchmarks.harness.plan import Setting
+from data.options import with_run_options
 
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
@@ -46,7 +51,7 @@ class PlainSide:
         self.global_batch_size = setting.global_batch_size
         self.model, self.optimizer = model_and_optimizer(setting)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        self.iterator = iter(dataset)
+        self.iterator = iter(with_run_options(dataset))
         self._step_fn = tf.function(self._step)
 
     def _step(self, iterator):
@@ -92,7 +97,7 @@ class MirroredSide:
         with self.strategy.scope():
             self.model, self.optimizer = model_and_optimizer(setting)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-        self.iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        self.iterator = iter(self.strategy.experimental_distribute_dataset(with_run_options(dataset)))
         self._step_fn = tf.function(self._step)
 
     def _replica_step(self, features, labels):
@@ -171,7 +176,13 @@ class KerasFitSide:
             self.model = self.compiled(setting, accuracy, steps_per_execution)
         self.pauses = _Pauses(steps_per_execution)
         fit = functools.partial(
-            self.model.fit, dataset, epochs=1, steps_per_epoch=10**12, verbose=0, shuffle=False, callbacks=[self.pauses]
+            self.model.fit,
+            with_run_options(dataset),
+            epochs=1,
+            steps_per_epoch=10**12,
+            verbose=0,
+            shuffle=False,
+            callbacks=[self.pauses],
         )
         self.thread = threading.Thread(target=self._fit, args=(fit,), name="keras-fit", daemon=True)
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import data
 from data import augment as augment_lib
+from data.options import with_run_options
 from data.parse import batch_parser
 
 IMAGE_SIZE = (224, 224)
@@ -84,7 +85,7 @@ def build(name: str, pattern: str, encoded: tf.Tensor, batch_size: int, one_core
         dataset = tf.data.Dataset.from_tensor_slices(encoded).repeat().enumerate()
         dataset = dataset.map(per_image, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return dataset.with_options(thread_options(one_core))
+    return with_run_options(dataset).with_options(thread_options(one_core))
 
 
 def _towerflow(pattern: str, augment: str, batch_size: int) -> tf.data.Dataset:
