@@ -1,6 +1,8 @@
 """The tf.data options of every pipeline towerflow iterates: the training and eval streams
-(`data.pipeline.finished`) and the eager reads of records (the decoded cache's build, the record checks,
-`data.inspect`, the TensorBoard event files a resume cuts back: `trainer.outputs.event_files`)."""
+(`data.pipeline.finished`, and again where the engine iterates them, whatever made the dataset:
+`trainer.loop.inputs.PlacedIterator`, `trainer.loop.evaluate`), the benchmarks' reference sides, and the eager
+reads of records (the decoded cache's build, the record checks, `data.inspect`, the TensorBoard event files a
+resume cuts back: `trainer.outputs.event_files`)."""
 
 from __future__ import annotations
 

@@ -84,8 +84,9 @@ def pytest_runtest_protocol(item, nextitem):
     waits out the model thread's sleep when deleted (docs/facts.md), and the collector deleted the tests'
     training streams inside later tests, in whatever thread allocated then, holding the GIL: gen-2 collections
     of 2.5-82 s with no CPU used, and once an async test's tower thread stuck for minutes under `-n 3`. Every
-    dataset the engine iterates now runs without the model (`data.options`); trainer/step's tests spent 46 s
-    in gen-2 collections with a collection after every test, 34 s without one, at most 1.6 s in any."""
+    dataset the engine iterates now runs without the model (`data.options`); under `-n 3` trainer/step's tests
+    spent 46 s in gen-2 collections with a collection after every test, 31 s with one per module, at most 1.6 s
+    in any."""
     try:
         return (yield)
     finally:
