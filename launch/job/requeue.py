@@ -18,7 +18,10 @@ the controller at that moment (measured on the two-node test Slurm with the chie
 requeue` says "Unexpected message received for job J" after ~10 s, `scontrol show job` "Unable to contact
 slurm controller (connect failure)"). So every Slurm call made on the run's behalf (`call`) is retried with
 backoff, 1, 2, 4 .. 30 s between tries, one line each, until the controller answers or the job's time runs
-out (`deadline`); an answer that cannot change with time (`PERMANENT`) is not retried.
+out (`deadline`); an answer that cannot change with time (`PERMANENT`) is not retried. A try can also take
+effect and still fail: the requeue sends SIGTERM to the job's steps, `scontrol` among them (seen on the
+three-node test Slurm: the job "CANCELLED ... DUE TO JOB REQUEUE", `scontrol` "exited -15"), and the next
+try is told the job is pending. That answer (`ALREADY_REQUEUED`) is the requeue done, not a failure.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ PERMANENT = (
     "Access/permission denied",
     "Only batch jobs",
     "already completing or completed",
-    "Job is pending execution",
 )
+# Slurm's answer to a requeue of a job already back in the queue: an earlier try (or Slurm) requeued it.
+ALREADY_REQUEUED = "Job is pending execution"
 RETRY_FIRST_SEC, RETRY_MAX_SEC = 1.0, 30.0  # between tries: 1, 2, 4, 8, 16, 30, 30 ..
 CALL_TIMEOUT_SEC = 60.0  # one try; an unreachable controller answers within ~20 s (MessageTimeout 10 s)
 # The job's end time, epoch seconds or Slurm's local "YYYY-MM-DDTHH:MM:SS": Slurm 22.05 sets no such variable
@@ -90,9 +94,11 @@ def call(
     say: Callable[[str], None] = say_line,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
+    already: tuple[str, ...] = (),
 ) -> str:
     """Runs the Slurm command until it succeeds; returns its output. A failure is tried again after 1, 2, 4 ..
     30 s, saying so in one line, until `until` (epoch seconds) would pass; an answer in `PERMANENT` is not.
+    An answer in `already` says the command's effect already holds: it counts as success, said in one line.
 
     Raises:
       RequeueError: the command is missing, gave a permanent answer, or still failed at `until`.
@@ -102,6 +108,9 @@ def call(
         tries += 1
         done, output = _run(command, CALL_TIMEOUT_SEC)  # a whole try even near `until`: the job's end stops it
         if done:
+            return output
+        if any(answer in output for answer in already):
+            say(f"{what}: already done ({output})")
             return output
         final = output.startswith("could not run") or any(p in output for p in PERMANENT)
         if final or clock() + delay > until:
@@ -213,7 +222,8 @@ def requeue(job: SlurmJob, until: float, say: Callable[[str], None] = say_line) 
     Raises:
       RequeueError: scontrol is missing, refused, or never got through; the message says which.
     """
-    call(["scontrol", "requeue", job.requeue_target], f"requeue of job {job.requeue_target}", until, say)
+    what = f"requeue of job {job.requeue_target}"
+    call(["scontrol", "requeue", job.requeue_target], what, until, say, already=(ALREADY_REQUEUED,))
 
 
 RESUBMIT = "resubmit the job's script (in the run's model_dir/slurm/) with sbatch: it resumes from the last checkpoint"

@@ -21,16 +21,17 @@ NO_CONTROLLER = "slurm_load_jobs error: Unable to contact slurm controller (conn
 
 @pytest.fixture
 def fake_scontrol(tmp_path, monkeypatch):
-    """`scontrol` failing its first N calls with a message, then succeeding; its calls are counted."""
+    """`scontrol` failing its first N calls with a message, then succeeding (or, given `then`, failing with
+    that message); its calls are counted."""
 
-    def make(failures: int, message: str = UNREACHABLE):
+    def make(failures: int, message: str = UNREACHABLE, then: str | None = None):
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
         calls = tmp_path / "calls"
         script = f"""#!/bin/sh
 echo "$@" >> {calls}
 if [ "$(wc -l < {calls})" -le {failures} ]; then echo "{message}" >&2; exit 1; fi
-"""
+""" + (f'echo "{then}" >&2; exit 1\n' if then else "")
         (bin_dir / "scontrol").write_text(script)
         (bin_dir / "scontrol").chmod(0o755)
         monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
@@ -78,6 +79,20 @@ def test_a_permanent_answer_is_not_retried(fake_scontrol):
     with pytest.raises(requeue.RequeueError, match="presently disabled for job 9$"):
         _call(3600, clock, said)
     assert (calls.read_text(), clock.slept, said) == ("requeue 9\n", [], [])
+
+
+def test_a_try_that_requeued_the_job_but_failed_is_a_requeue_done(fake_scontrol):
+    """The requeue's SIGTERM to the job's steps ends `scontrol` too ("exited -15", on the three-node test Slurm);
+    the next try is told the job is pending: requeued, not "requeue failed; resubmit" (which would start a
+    second job on the same model_dir)."""
+    calls = fake_scontrol(1, "", then="Job is pending execution for job 9")
+    decision = requeue.Decision(True, "requeue 1, after 49 steps")
+    outcome, line = requeue.carry_out(
+        decision, SlurmJob("9"), "stopped by signal 10 at step 36", requeue.TIME_LIMIT_REQUEUED, "warned", 2e9
+    )
+    assert calls.read_text() == "requeue 9\n" * 2  # one retry, 1 s later
+    assert outcome == "requeued for the time limit (requeue 1, after 49 steps); stopped by signal 10 at step 36"
+    assert line == "warned: job 9 requeued (requeue 1, after 49 steps)"
 
 
 def test_the_retry_stops_at_the_deadline(fake_scontrol):
