@@ -1,4 +1,4 @@
-"""Evaluation: the task's loss and metrics over the whole eval set, each batch split across the towers."""
+"""Evaluation: the task's loss and metrics over the whole eval set, each batch cut into the run's K parts."""
 
 from __future__ import annotations
 
@@ -9,16 +9,21 @@ from data.options import with_run_options
 from trainer.step.core import micro_batch as tw
 from trainer.step.core import tree
 from trainer.system import graphs
-from trainer.system.devices import Placement
+from trainer.system.devices import Placement, tower_of_micro_batch
 
 
 class Evaluator:
     """Runs the model in inference mode over every eval example once.
 
-    Each batch is split into N near-equal parts (the last batch may be short, so the parts may differ by one
-    example); tower i scores part i; the task's sums are reduced on the parameter device in tower order, and
-    divided once at the end: the loss by the total weight (every real token or example once), each metric's
-    sum by its count.
+    Each batch is cut into K near-equal parts, K the run's micro-batches (the last batch may be short, so the
+    parts may differ by one example), and part j is scored on tower j*N//K, as micro-batch j trains there; the
+    task's sums of the K parts are added along the fixed tree over part indices (`trainer.step.core.tree`) on
+    the parameter device, the batches' sums in the eval data's order, and divided once at the end: the loss by
+    the total weight (every real token or example once), each metric's sum by its count. A part holds the
+    same examples and runs the same ops whatever N is (as a micro-batch does), and its sums are added in the
+    same order, so the eval figures are the same bits on any number of towers or machines at fixed K
+    (docs/determinism.md); cut by N, a part's shape, and with it the forward's and the sums' rounding,
+    followed the layout.
 
     Args:
       task: the run's `tasks.Task` (its loss, metrics and `eval_metrics`).
@@ -29,10 +34,12 @@ class Evaluator:
         None to raise the error itself; called when evaluating raises a `tf.errors.OpError`.
       forward: (tower, model inputs) -> the model's outputs for tower `tower`'s part, in inference mode
         (`trainer.step.sync.runners.inference`: through pipeline stages or whole); None: the whole model there.
+      num_parts: K, the parts each batch is cut into (the run's micro-batches); 0: one per tower.
     """
 
-    def __init__(self, task, model, placement: Placement, make_dataset, explain=None, forward=None):
+    def __init__(self, task, model, placement: Placement, make_dataset, explain=None, forward=None, num_parts=0):
         self.task = task
+        self.num_parts = num_parts or (len(placement.towers) if placement else 0)
         self.model = model
         self.forward = forward or (lambda tower, inputs: model(inputs, training=False))
         self.placement = placement
@@ -87,9 +94,9 @@ class Evaluator:
         return with_run_options(self.make_dataset())
 
     def _batch_sums(self, batch):
-        """((loss sum, weight), {name: (sum, count)}) of one batch, reduced in tower order."""
+        """((loss sum, weight), {name: (sum, count)}) of one batch, its K parts' sums along the tree."""
         losses, weights, metrics = [], [], []
-        for device, outputs, part in self._tower_outputs(batch):
+        for device, outputs, part in self._part_outputs(batch):
             with tf.device(device):
                 loss, weight = tw.weighted_sums(self.task, outputs, part)
                 losses.append(loss)
@@ -103,21 +110,23 @@ class Evaluator:
             return (tree.tree_sum(losses), tree.tree_sum(weights)), sums
 
     def _batch_outputs(self, batch):
-        parts = [outputs for _, outputs, _ in self._tower_outputs(batch)]
+        parts = [outputs for _, outputs, _ in self._part_outputs(batch)]
         with tf.device(self.placement.host):
             return tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *parts)
 
-    def _tower_outputs(self, batch) -> list[tuple[str, object, object]]:
-        """(tower, outputs float32, its part of the batch) of each tower: part i on tower i, in tower order."""
-        num_towers = len(self.placement.towers)
+    def _part_outputs(self, batch) -> list[tuple[str, object, object]]:
+        """(tower, outputs float32, the part) of each of the batch's K parts, in part order: part j on tower
+        j*N//K (with pipeline stages, `forward` sends that tower's parts to pipeline j*P//K, as the step does)."""
+        towers, k = self.placement.towers, self.num_parts
         with tf.device(self.placement.host):
             size = tf.shape(tf.nest.flatten(batch)[0])[0]
-            sizes = size // num_towers + tf.cast(tf.range(num_towers) < size % num_towers, tf.int32)
-            pieces = [tf.split(x, sizes, num=num_towers) for x in tf.nest.flatten(batch)]
+            sizes = size // k + tf.cast(tf.range(k) < size % k, tf.int32)
+            pieces = [tf.split(x, sizes, num=k) for x in tf.nest.flatten(batch)]
         parts = []
-        for i, device in enumerate(self.placement.towers):
-            part = tf.nest.pack_sequence_as(batch, [p[i] for p in pieces])
-            with tf.device(device):
-                outputs = self.forward(i, self.task.model_inputs(part))
-                parts.append((device, tf.nest.map_structure(tw.float32, outputs), part))
+        for j in range(k):
+            tower = tower_of_micro_batch(j, k, len(towers))
+            part = tf.nest.pack_sequence_as(batch, [p[j] for p in pieces])
+            with tf.device(towers[tower]):
+                outputs = self.forward(tower, self.task.model_inputs(part))
+                parts.append((towers[tower], tf.nest.map_structure(tw.float32, outputs), part))
         return parts

@@ -2,6 +2,7 @@
 
 import dataclasses
 import glob
+import json
 import os
 import shutil
 
@@ -74,9 +75,22 @@ def _shared(make_config, tmp_path, num_towers, micro_batches=4, train_steps=STEP
     return _SHARED[key]
 
 
+# What metrics.json says about where and how fast a run went, not about what it computed.
+LAYOUT_AND_TIMING = ("examples_per_sec", "attempts", "num_towers", "towers_per_task", "devices", "parameter_devices")
+
+
+def _computed(model_dir) -> dict:
+    """metrics.json as written, less its layout and timing entries."""
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        written = json.load(f)
+    return {k: v for k, v in written.items() if k not in LAYOUT_AND_TIMING}
+
+
 @pytest.mark.quick
 def test_rerun_and_tower_counts_give_identical_weights(make_config, tmp_path):
-    """cnn has BatchNorm and Dropout: the hardest case for tower-count invariance."""
+    """cnn has BatchNorm and Dropout: the hardest case for tower-count invariance. The eval figures are the
+    same bits too (each eval batch cut into the K parts, not into N), so metrics.json is one file on every
+    layout, its timings and devices aside."""
     initial = _initial_weights(make_config, tmp_path)
     hashes = {n: _train(make_config, tmp_path, f"n{n}", n)["weights_sha256"] for n in (1, 4)}
     hashes[2] = _shared(make_config, tmp_path, 2)["weights_sha256"]
@@ -84,6 +98,12 @@ def test_rerun_and_tower_counts_give_identical_weights(make_config, tmp_path):
     assert hashes[1] == hashes[2] == hashes[4] == rerun["weights_sha256"]
     assert rerun["weights_sha256"] != initial  # the runs trained: equal hashes of untouched weights prove nothing
     assert rerun["global_step"] == STEPS and rerun["micro_batches"] == 4
+    written = {n: _computed(tmp_path / name) for n, name in ((1, "n1"), (2, "n2-again"), (4, "n4"))}
+    eval_figures = {n: {k: v for k, v in w.items() if k.startswith("eval_")} for n, w in written.items()}
+    assert eval_figures[1]["eval_examples"] == 360 and isinstance(eval_figures[1]["eval_loss"], float)
+    assert sorted(eval_figures[1]) == ["eval_accuracy", "eval_examples", "eval_loss"]
+    assert eval_figures[1] == eval_figures[2] == eval_figures[4]  # every figure, exact float equality
+    assert written[1] == written[2] == written[4]
 
 
 def test_seed_changes_the_weights(make_config, tmp_path):
