@@ -278,6 +278,17 @@ def shard_of_variables(model) -> dict:
     return shards
 
 
+def split_layers(model) -> list[tuple[str, str]]:
+    """(name, how) of each of ``model``'s layers kept as shards, in model order: how is "column" or "row" for a
+    Dense layer split that way, else the layer's class (the vocabulary's, `models.vocab_shards`)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False):
+        if hasattr(layer, "parts") and isinstance(getattr(layer, "shards", None), int):
+            how = "column" if isinstance(layer, Column) else "row" if isinstance(layer, Row) else type(layer).__name__
+            found.append((layer.name, how))
+    return found
+
+
 def shard_count(model) -> int:
     """The largest shard count among ``model``'s shard layers (1: none)."""
     counts = [layer.shards for layer in model._flatten_layers(include_self=False) if hasattr(layer, "parts")]

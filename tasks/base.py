@@ -110,8 +110,15 @@ class Task:
         del model
         return {}
 
+    def named_model(self) -> str | None:
+        """The name the task builds its model by from the run's settings (classification: `--model`), or None
+        (the default): the task builds its own model, and `--model` is none of its settings. A named model
+        defines the run: `run.json` records it as `model.name`, and a resume may not change it."""
+        return None
+
     def model_description(self, model: keras.Model) -> str:
-        """The banner's name for the model. Default: the Keras model's name."""
+        """The model's name in the banner, `metrics.json` and the HParams record (`model`). Default: the Keras
+        model's name."""
         return model.name
 
     def describe(self) -> dict:

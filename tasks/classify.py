@@ -40,5 +40,8 @@ class Classify(Task):
         hits = tf.equal(tf.argmax(outputs, axis=-1, output_type=labels.dtype), labels)
         return {"accuracy": (tf.reduce_sum(tf.cast(hits, tf.float32)), tf.cast(tf.size(labels), tf.float32))}
 
+    def named_model(self) -> str:
+        return self.config.model.name
+
     def model_description(self, model: keras.Model) -> str:
         return self.config.model.name

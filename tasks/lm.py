@@ -50,6 +50,7 @@ class LanguageModel(Task):
         options = OPTIONS.values(config.task.option_dict)  # every argument, defaults filled in
         self.layers, self.heads, self.width = options["layers"], options["heads"], options["width"]
         self.context, self.positions, self.dropout = options["context"], options["positions"], options["dropout"]
+        self.preset = options["preset"]
         if self.context < 1:
             raise DataError(f"task lm: context ({self.context}) must be >= 1")
 
@@ -98,6 +99,13 @@ class LanguageModel(Task):
         return transformer_lm(
             self.vocab_size, self.layers, self.heads, self.width, self.context, self.positions, self.dropout, shards
         )
+
+    def model_description(self, model: keras.Model) -> str:
+        """`transformer gpt2-small (12 layers, ...)`: what the banner, metrics.json and HParams call the model."""
+        del model
+        preset = "" if self.preset == "none" else f" {self.preset}"
+        shape = f"{self.layers} layers, {self.heads} heads, width {self.width}, context {self.context}"
+        return f"transformer{preset} ({shape}, {self.positions} positions)"
 
     def model_inputs(self, batch):
         tokens = batch[text_data.TOKENS_KEY]

@@ -78,7 +78,9 @@ def test_flagfile_reproduces_the_run(tmp_path):
     assert (a["global_step"], a["num_towers"], a["micro_batches"]) == (8, 2, 4)
     assert a["weights_sha256"] == b["weights_sha256"]
     assert a["eval_loss"] == b["eval_loss"]
-    assert a["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+    assert a["devices"] == [
+        {"device": f"/device:CPU:{i}", "task": 0, "tower": i, "pipeline": i, "stage": 0, "shards": [0]} for i in (0, 1)
+    ]
     assert sorted(a["versions"]) == sorted(VERSION_KEYS) and a["versions"]["python"] == platform.python_version()
     # the versions header does not make a resume from the run's own flags.txt look changed
     result = _run(f"--flagfile={first / 'flags.txt'}", "--train_steps=10")

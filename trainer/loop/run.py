@@ -52,7 +52,8 @@ def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None,
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
         task = tasks_lib.make_task(config)
-        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line, task_facts=task.describe())
+        facts, by_name = task.describe(), task.named_model() is not None
+        rundir.check_resume(plan, config.loop.allow_flag_changes, log_line, facts, model_by_name=by_name)
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
         job = cluster_lib.slurm_job(os.environ)
@@ -164,7 +165,8 @@ def _run_loop(config: RunConfig, state, attempts: attempts_lib.AttemptLog, stop:
     tags = [placement.tower_tag(i, num_stages) for i in range(len(placement.towers))]
     summaries = Summaries(config.loop.model_dir, tags)
     task = state.task  # HParams columns: the metric runs are ranked by first
-    summaries.hparams(state.plan, tuple(sorted(task.metric_names, key=lambda name: name != task.eval_metric)))
+    ranked = tuple(sorted(task.metric_names, key=lambda name: name != task.eval_metric))
+    summaries.hparams(state.plan, task.model_description(state.model), ranked)
     trainable = state.model.trainable_variables
 
     def on_checkpoint(step: int) -> None:

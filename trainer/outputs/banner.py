@@ -8,6 +8,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from models import sharded
 from trainer.outputs.costs import cost_warnings
 from trainer.outputs.progress import format_duration
 from trainer.settings.config import RunConfig
@@ -32,7 +33,8 @@ def start_lines(config: RunConfig, state) -> list[str]:
         f"{_mb(state.model.variables)} MB of variables "
         f"{_variables_where(state, staged)}; {t.mixed_precision or 'float32'}{', XLA' if t.jit_compile else ''}",
         *(_pipeline_lines(staged, state.placement, mode) if staged else _tower_lines(state.placement, mode, t.tensor)),
-        f"batch      {t.global_batch_size} per step = {t.num_micro_batches} micro-batches of {t.micro_batch_size}",
+        *_tensor_lines(state.model, t.tensor),
+        f"batch      {t.global_batch_size} per step = {_micro_batches(t.num_micro_batches)} of {t.micro_batch_size}",
         f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; {what}",
         *more,
         f"optimizer  {o.name}, learning rate {o.learning_rate:g} ({_schedule(config)})",
@@ -65,15 +67,33 @@ def _variables_where(state, staged: PipelineRunner | None) -> str:
 
 
 def _tower_lines(placement, mode: str, split=None) -> list[str]:
-    """`towers N (mode): tower 0 (device), ...`; with --tensor_parallel, each tower's devices and the shards."""
+    """`towers N (mode): tower 0 (device), ...`; with --tensor_parallel, each tower's devices."""
     if split is None or split.parallel == 1:
         towers = ", ".join(placement.describe_tower(i) + f" ({d})" for i, d in enumerate(placement.towers))
         return [f"towers     {len(placement.towers)} ({mode}): {towers}"]
     towers = ", ".join(
         placement.describe_tower(i) + f" ({' + '.join(placement.group(i))})" for i in range(len(placement.towers))
     )
-    how = f"{mode}; {split.shards} shards per split layer, {split.shards // split.parallel} per device"
-    return [f"towers     {len(placement.towers)} of {split.parallel} devices ({how}): {towers}"]
+    return [f"towers     {len(placement.towers)} of {split.parallel} devices ({mode}): {towers}"]
+
+
+def _tensor_lines(model, split) -> list[str]:
+    """`tensor     N shards per split layer, where: the split layers`, whenever the model is kept as shards (at
+    T = 1 too, where one device runs them all), or `--tensor_layout` was given."""
+    if split.shards == 1:
+        return ["tensor     --tensor_layout splits nothing at --tensor_shards=1"] if split.layout else []
+    if split.parallel == 1:
+        where = "all on each tower's one device (--tensor_parallel=1)"
+    else:
+        where = f"{split.shards // split.parallel} per device"
+    named = [f"{name} ({how})" for name, how in sharded.split_layers(model)]
+    if len(named) > 6:  # a Transformer's: its first and last, and how many
+        named = [*named[:2], "...", named[-1], f"{len(named)} layers in all"]
+    return [f"tensor     {split.shards} shards per split layer, {where}: {', '.join(named)}"]
+
+
+def _micro_batches(k: int) -> str:
+    return "1 micro-batch" if k == 1 else f"{k} micro-batches"
 
 
 def _pipeline_lines(runner: PipelineRunner, placement, mode: str) -> list[str]:

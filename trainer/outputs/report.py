@@ -106,13 +106,13 @@ def final_metrics(state, results: dict, examples_per_sec: float | None, attempts
         "update_mode": t.update_mode,
         "deterministic": config.deterministic,
         "task": state.task.name,
-        "model": config.model.name,
+        "model": state.task.model_description(state.model),
         **state.data_settings.metrics(),  # what it trained on: augment, normalize, cache
         "placement": t.parameter_device,
         "parameter_devices": spread.parameter_devices([*state.model.variables, *state.optimizer.variables]),
         "weights_sha256": weights_sha256(state.model.variables),
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
-        "devices": list(state.placement.towers),
+        "devices": state.placement.device_roles(t.pipeline.stages, t.tensor.shards),
         "tensor_parallel": {"devices_per_tower": t.tensor.parallel, "shards": t.tensor.shards},
         "versions": versions.describe(),
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked

@@ -121,7 +121,7 @@ def _resolved(settings: dict) -> dict:
     dense = settings["data.record_schema"] == "dense"
     resolved = {
         **settings,
-        "data.augment": resolve_augment(settings["data.augment"], settings["model.name"], dense),
+        "data.augment": resolve_augment(settings["data.augment"], settings.get("model.name", ""), dense),
         "data.normalize": Normalization.parse(settings["data.normalize"]).text,
     }
     if "towers.gradient_order" in settings and settings["towers.num_micro_batches"] <= 3:
@@ -133,9 +133,13 @@ def _jsonable(value):
     return [_jsonable(v) for v in value] if isinstance(value, tuple) else value
 
 
-def check_resume(plan: Plan, allow_changes: bool, log=print, task_facts: dict | None = None) -> None:
+def check_resume(
+    plan: Plan, allow_changes: bool, log=print, task_facts: dict | None = None, model_by_name: bool = True
+) -> None:
     """Refuses to resume a run whose defining settings `plan` changes; records them on a fresh start.
     `task_facts` (the task's `describe()`, e.g. its corpus's sha256) define the run too, as `task.<key>`.
+    `model_by_name`: the task builds the model `--model` names (`Task.named_model`); else `model.name` is not
+    the run's setting, neither recorded nor compared (a run.json of 0.7.0 or earlier recorded it for every task).
 
     Raises:
       RunDirError: listing each differing setting as `--flag: recorded -> now`, unless `allow_changes`.
@@ -144,9 +148,11 @@ def check_resume(plan: Plan, allow_changes: bool, log=print, task_facts: dict | 
     model_dir = config.loop.model_dir
     path = os.path.join(model_dir, RUN_FILE)
     current = {**defining_settings(plan), **{f"task.{k}": _jsonable(v) for k, v in (task_facts or {}).items()}}
+    not_the_runs = set() if model_by_name else {"model.name"}
+    current = {k: v for k, v in current.items() if k not in not_the_runs}
     if checkpoint_files.any_saved(model_dir) and os.path.exists(path):
         recorded = _recorded_settings(path)
-        free = plan.mode.resume_may_change | _other_tasks_arguments(recorded, current)
+        free = plan.mode.resume_may_change | _other_tasks_arguments(recorded, current) | not_the_runs
         changed = sorted(k for k in (set(recorded) | set(current)) - free if recorded.get(k) != current.get(k))
         changes = "; ".join(_change(k, recorded, current, config) for k in changed)
         if changes and not allow_changes:

@@ -106,16 +106,17 @@ class Summaries:
         with self.train.as_default(step=step):
             tf.summary.histogram("staleness", tf.constant(values, tf.float32))
 
-    def hparams(self, plan: Plan, metric_names: tuple[str, ...] = ("accuracy",)) -> None:
+    def hparams(self, plan: Plan, model: str, metric_names: tuple[str, ...] = ("accuracy",)) -> None:
         """Records, in `model_dir`, the experiment (hparam and metric columns), the settings of the run `plan`
-        settled (`run_hparams`), the task's metrics (`metric_names`: eval's first, then train's, each beside its
-        loss) and the custom-scalars layout that charts every tower's step time together. Called
-        once per start; `trainer.outputs.event_files.purge_events` drops the previous start's records."""
+        settled and the `model` its task built (`run_hparams`), the task's metrics (`metric_names`: eval's
+        first, then train's, each beside its loss) and the custom-scalars layout that charts every tower's step
+        time together. Called once per start; `trainer.outputs.event_files.purge_events` drops the previous
+        start's records."""
         with self.run.as_default(step=0):
             tf.summary.experimental.write_raw_pb(_experiment(metric_names).SerializeToString(), step=0)
             # The trial ID column shows the model_dir's name, not a hash of the settings.
             trial_id = os.path.basename(os.path.normpath(plan.config.loop.model_dir))
-            hp.hparams(run_hparams(plan), trial_id=trial_id)
+            hp.hparams(run_hparams(plan, model), trial_id=trial_id)
             tf.summary.experimental.write_raw_pb(custom_scalar_summary.pb(_layout()).SerializeToString(), step=0)
         self.run.flush()
 
@@ -125,15 +126,16 @@ class Summaries:
         self.run.close()
 
 
-def run_hparams(plan: Plan) -> dict:
+def run_hparams(plan: Plan, model: str) -> dict:
     """The settings that define the run, resolved (K micro-batches, not the 0 that means one per tower;
     towers of every task; `float32` for no mixed precision), and the current `--train_steps`. Settings that
     do not apply to the run (momentum of adam, staleness bound of sync) are left out, not recorded as None;
-    the update mode adds its own (`UpdateMode.hparams`)."""
+    the update mode adds its own (`UpdateMode.hparams`). `model`: the model the task built, as the task
+    describes it (`Task.model_description`), not `--model`, which only some tasks read."""
     config = plan.config
     t, o = config.towers, config.optimizer
     values = {
-        "model": config.model.name,
+        "model": model,
         "optimizer": o.name,
         "learning_rate": o.learning_rate,
         "lr_schedule": o.schedule,
@@ -171,7 +173,7 @@ def _hparam(name: str, description: str, choices=None) -> hp.HParam:
 
 
 EXPERIMENT_HPARAMS = [
-    _hparam("model", "--model"),
+    _hparam("model", "the model the task built (its model_description: --model's, or the task's own)"),
     _hparam("optimizer", "--optimizer", cfg.OPTIMIZERS),
     _hparam("learning_rate", "--learning_rate (peak, before the schedule)"),
     _hparam("lr_schedule", "--lr_schedule", cfg.SCHEDULES),

@@ -56,6 +56,22 @@ class Placement:
         task, device = self._task_and_device(tower)
         return f"task_{task}_{self._kind(tower)}_{device}{stage}"
 
+    def device_roles(self, num_stages: int = 1, shards: int = 1) -> list[dict]:
+        """Every device the towers compute on, in placement order, each with what it is: its `task` (machine),
+        `tower` (with pipeline stages each stage's devices are a tower, as the banner numbers them), `pipeline`
+        and `stage` (each pipeline is `num_stages` consecutive towers), and the `shards` of the split layers it
+        holds (shard k of N on device k*T//N of its tower: `models.sharded`; [0] when nothing is split)."""
+        per_task = len(self.towers) // self.num_tasks
+        roles = []
+        for tower in range(len(self.towers)):
+            group = self.group(tower)
+            for rank, device in enumerate(group):
+                held = [k for k in range(shards) if k * len(group) // shards == rank]
+                where = {"task": tower // per_task, "tower": tower}
+                stage = {"pipeline": tower // num_stages, "stage": tower % num_stages}
+                roles.append({"device": device, **where, **stage, "shards": held})
+        return roles
+
     def _task_and_device(self, tower: int) -> tuple[int, int]:
         per_task = len(self.towers) // self.num_tasks
         return tower // per_task, tower % per_task

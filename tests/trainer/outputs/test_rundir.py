@@ -265,6 +265,23 @@ def test_the_language_models_sizes_define_an_lm_run_and_no_other(make_config, tm
 
 
 @pytest.mark.quick
+def test_model_is_recorded_only_for_a_task_that_builds_its_model_by_name(make_config, tmp_path):
+    """--model is classification's (`Task.named_model`): a task building its own model records no `model.name`
+    (0.7.0 recorded `cnn` for every task), resumes a run.json of 0.7.0 that holds it, and one of its own; a
+    named model still refuses another."""
+    lm = make_config(task={"name": "lm"})
+    run = _run_json(make_config, tmp_path, lm)
+    assert json.loads((run / rundir.RUN_FILE).read_text())["model.name"] == "cnn"  # as 0.7.0 wrote it
+    for _ in range(2):  # 0.7.0's run.json, then the one the first resume wrote
+        rundir.check_resume(settle(lm), allow_changes=False, model_by_name=False)
+        assert "model.name" not in json.loads((run / rundir.RUN_FILE).read_text())
+    shutil.rmtree(run)
+    _run_json(make_config, tmp_path, make_config())  # classification's cnn
+    with pytest.raises(rundir.RunDirError, match=r"would change \(--model: 'cnn' -> 'mlp'\)"):
+        rundir.check_resume(settle(make_config(model={"name": "mlp"})), allow_changes=False)
+
+
+@pytest.mark.quick
 def test_a_long_task_fact_is_cut_in_the_resume_message():
     """A subword model travels in run.json as base64 (~100 KB): a refusal shows its ends, not all of it."""
     model = "A" * 50_000 + "Z"

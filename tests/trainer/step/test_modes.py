@@ -84,10 +84,10 @@ def test_input_streams_are_one_per_micro_batch_in_sync_and_one_per_tower_in_asyn
 
 
 def test_max_staleness_is_an_hparam_of_async_runs_only():
-    assert "max_staleness" not in run_hparams(modes.settle(cfg.RunConfig()))
+    assert "max_staleness" not in run_hparams(modes.settle(cfg.RunConfig()), "cnn")
     plan = modes.settle(cfg.RunConfig(towers=cfg.TowerConfig(update_mode="async", max_staleness=3)))
-    assert run_hparams(plan)["max_staleness"] == 3
-    assert list(run_hparams(plan))[-1] == "max_staleness"  # where it was before the modes had an interface
+    assert run_hparams(plan, "cnn")["max_staleness"] == 3
+    assert list(run_hparams(plan, "cnn"))[-1] == "max_staleness"  # where it was before the modes had an interface
 
 
 class _Staleness(Updater):

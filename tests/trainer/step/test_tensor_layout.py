@@ -25,7 +25,14 @@ def _towers(parallel: int) -> dict:
     return {"num_towers": 4, "micro_batches": 4, "tensor_parallel": parallel, "tensor_shards": 4}
 
 
-def test_the_split_mlp_trains_the_weights_of_one_device_at_every_t(make_config, tmp_path):
+def _roles(*rows) -> list[dict]:
+    """metrics.json's `devices`: (tower, pipeline, stage, shards) of /device:CPU:0, 1, ... in turn."""
+    keys = ("tower", "pipeline", "stage", "shards")
+    rows = [dict(zip(keys, row, strict=True)) for row in rows]
+    return [{"device": f"/device:CPU:{i}", "task": 0, **row} for i, row in enumerate(rows)]
+
+
+def test_the_split_mlp_trains_the_weights_of_one_device_at_every_t(make_config, tmp_path, capsys):
     from trainer.loop.run import train
 
     def run(parallel: int, stages: int = 1):
@@ -33,7 +40,15 @@ def test_the_split_mlp_trains_the_weights_of_one_device_at_every_t(make_config, 
         config = make_config(model_dir=tmp_path / f"t{parallel}", towers=towers, model=MLP, loop={"train_steps": STEPS})
         return train(config)
 
-    one, two, staged = run(1), run(2), run(2, stages=2)
+    one = run(1)
+    # At T = 1 the banner still says the model is kept as shards, and which layers --tensor_layout split.
+    banner = "tensor     4 shards per split layer, all on each tower's one device (--tensor_parallel=1): "
+    assert f"{banner}dense1 (column), dense2 (row)\n" in capsys.readouterr().out
+    two, staged = run(2), run(2, stages=2)
+    everything = [0, 1, 2, 3]
+    assert one["devices"] == _roles(*((i, i, 0, everything) for i in range(4)))
+    assert two["devices"] == _roles((0, 0, 0, [0, 1]), (0, 0, 0, [2, 3]), (1, 1, 0, [0, 1]), (1, 1, 0, [2, 3]))
+    assert staged["devices"] == _roles((0, 0, 0, [0, 1]), (0, 0, 0, [2, 3]), (1, 0, 1, [0, 1]), (1, 0, 1, [2, 3]))
     # The settings of `make_config` (tests/conftest.py), spelled as flags.
     flags = cpu_flags(
         4,
@@ -48,7 +63,8 @@ def test_the_split_mlp_trains_the_weights_of_one_device_at_every_t(make_config, 
     assert staged["weights_sha256"] == one["weights_sha256"], "S = 2 x T = 2: the stages' cut between the layers"
     assert four["weights_sha256"] == one["weights_sha256"], "T = 4, from the command line"
     assert four["tensor_parallel"] == {"devices_per_tower": 4, "shards": 4}
-    assert "4 shards per split layer, 1 per device" in done.stdout
+    assert "tensor     4 shards per split layer, 1 per device: dense1 (column), dense2 (row)\n" in done.stdout
+    assert four["devices"] == _roles(*((0, 0, 0, [i]) for i in range(4)))
     assert one["eval_accuracy"] > 0.5  # it learned (chance: 0.1)
 
 

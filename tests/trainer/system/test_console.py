@@ -17,8 +17,9 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.histogram import summary_v2
 
 from tests.support.paths import ROOT_PATH
+from trainer.loop.build import build
 from trainer.loop.run import train
-from trainer.outputs import costs, progress
+from trainer.outputs import banner, costs, progress
 from trainer.outputs.summaries import histogram_buckets
 from trainer.system import console
 
@@ -64,6 +65,14 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
     assert f"outputs: {tmp_path / 'run' / 'metrics.json'}" in out and f"--logdir={tmp_path / 'run'}" in out
     assert out.index("model      cnn") < out.index("step       1/12") < out.index("done: step 12")
     assert "warning" not in out and metrics["cost_warnings"] == []  # float32, no XLA: nothing known to cost
+
+
+@pytest.mark.quick
+def test_the_banner_says_one_micro_batch_in_the_singular(make_config, tmp_path):
+    state = build(make_config(towers={"num_towers": 1}))
+    lines = banner.start_lines(state.config, state)
+    assert "batch      64 per step = 1 micro-batch of 64" in lines
+    assert not [line for line in lines if line.startswith("tensor ")]  # nothing split: no tensor line
 
 
 def test_the_banner_of_a_pipeline_names_its_stages_their_layers_and_where_their_variables_live(
