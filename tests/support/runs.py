@@ -62,3 +62,12 @@ def trained_lm_run(root, tokens: str, *prepare_flags: str, chars: int, steps: in
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return root
+
+
+# What metrics.json says about where and how fast a run went, not about what it computed.
+LAYOUT_AND_TIMING = ("examples_per_sec", "attempts", "num_towers", "towers_per_task", "devices", "parameter_devices")
+
+
+def computed(metrics: dict) -> dict:
+    """metrics.json less its layout and timing entries: what must be equal on every layout of one run."""
+    return {k: v for k, v in metrics.items() if k not in LAYOUT_AND_TIMING}

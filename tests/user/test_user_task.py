@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import tasks_example
 from tests.support.paths import ROOT
-from tests.support.runs import trainer_command
+from tests.support.runs import computed, trainer_command
 
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
 STEPS = 200
@@ -138,6 +138,13 @@ def test_same_bits_on_one_and_two_towers(runs):
     assert runs["one_tower"]["num_towers"] == 1 and runs["reference"]["num_towers"] == 2
     assert runs["one_tower"]["micro_batches"] == runs["reference"]["micro_batches"] == 2
     assert runs["one_tower"]["weights_sha256"] == runs["reference"]["weights_sha256"]
+    # and the same eval figures, bit for bit: metrics.json is one file but for timings and devices
+    one, two = computed(runs["one_tower"]), computed(runs["reference"])
+    evaluated = sorted(k for k in two if k.startswith("eval_"))
+    assert evaluated == ["eval_examples", "eval_loss", "eval_mae"]
+    assert [one[k] for k in evaluated] == [two[k] for k in evaluated]  # exact float equality
+    assert one == two
+    assert two["model"] == "regression_mlp16"  # the user's model, by its Keras name (Task.model_description)
 
 
 def test_killed_run_resumes_to_the_uninterrupted_weights(runs):

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import data
 from tests.support.console import on_line
+from tests.support.runs import computed
 from trainer.loop import run as run_lib
 from trainer.loop.build import build
 from trainer.loop.run import train
@@ -75,15 +76,10 @@ def _shared(make_config, tmp_path, num_towers, micro_batches=4, train_steps=STEP
     return _SHARED[key]
 
 
-# What metrics.json says about where and how fast a run went, not about what it computed.
-LAYOUT_AND_TIMING = ("examples_per_sec", "attempts", "num_towers", "towers_per_task", "devices", "parameter_devices")
-
-
 def _computed(model_dir) -> dict:
     """metrics.json as written, less its layout and timing entries."""
     with open(os.path.join(model_dir, "metrics.json")) as f:
-        written = json.load(f)
-    return {k: v for k, v in written.items() if k not in LAYOUT_AND_TIMING}
+        return computed(json.load(f))
 
 
 @pytest.mark.quick
