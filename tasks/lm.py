@@ -104,8 +104,8 @@ class LanguageModel(Task):
         """`transformer gpt2-small (12 layers, ...)`: what the banner, metrics.json and HParams call the model."""
         del model
         preset = "" if self.preset == "none" else f" {self.preset}"
-        shape = f"{self.layers} layers, {self.heads} heads, width {self.width}, context {self.context}"
-        return f"transformer{preset} ({shape}, {self.positions} positions)"
+        sizes = f"{_count(self.layers, 'layer')}, {_count(self.heads, 'head')}, width {self.width}"
+        return f"transformer{preset} ({sizes}, context {self.context}, {self.positions} positions)"
 
     def model_inputs(self, batch):
         tokens = batch[text_data.TOKENS_KEY]
@@ -178,6 +178,10 @@ class LanguageModel(Task):
             facts["subword_model"] = base64.b64encode(self.vocab["model_proto"]).decode("ascii")
             facts["subword_model_sha256"] = self.vocab["model_sha256"]
         return facts
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _targets(batch) -> tuple[tf.Tensor, tf.Tensor]:
