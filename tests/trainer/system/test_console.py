@@ -68,11 +68,17 @@ def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_p
 
 
 @pytest.mark.quick
-def test_the_banner_says_one_micro_batch_in_the_singular(make_config, tmp_path):
-    state = build(make_config(towers={"num_towers": 1}))
+def test_the_banner_says_one_micro_batch_and_a_layout_that_splits_nothing(make_config, tmp_path):
+    """The mlp, 1 tower, and --tensor_layout at the default --tensor_shards=1: the layout is checked, and said."""
+    config = make_config(towers={"num_towers": 1, "tensor_layout": ("dense1=column",)}, model={"name": "mlp"})
+    state = build(config)
     lines = banner.start_lines(state.config, state)
     assert "batch      64 per step = 1 micro-batch of 64" in lines
-    assert not [line for line in lines if line.startswith("tensor ")]  # nothing split: no tensor line
+    assert [line for line in lines if line.startswith("tensor ")] == [
+        "tensor     --tensor_layout splits nothing at --tensor_shards=1"
+    ]
+    plain = build(make_config())  # nothing split, no layout: no tensor line
+    assert not [line for line in banner.start_lines(plain.config, plain) if line.startswith("tensor")]
 
 
 def test_the_banner_of_a_pipeline_names_its_stages_their_layers_and_where_their_variables_live(
