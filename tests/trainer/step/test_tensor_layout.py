@@ -37,7 +37,9 @@ def test_the_split_mlp_trains_the_weights_of_one_device_at_every_t(make_config, 
 
     def run(parallel: int, stages: int = 1):
         towers = {**_towers(parallel), "tensor_layout": LAYOUT, "pipeline_stages": stages}
-        config = make_config(model_dir=tmp_path / f"t{parallel}", towers=towers, model=MLP, loop={"train_steps": STEPS})
+        # a directory per run: the staged run in T = 2's would find it complete and train nothing
+        run_dir = tmp_path / f"t{parallel}-s{stages}"
+        config = make_config(model_dir=run_dir, towers=towers, model=MLP, loop={"train_steps": STEPS})
         return train(config)
 
     one = run(1)
