@@ -14,6 +14,7 @@ import time
 
 import tensorflow as tf
 
+from data.phase import Phase
 from trainer.outputs import progress as progress_lib
 from trainer.settings.config import LoopConfig
 from trainer.step.stepper import Updater
@@ -247,7 +248,9 @@ class Loop:
         final one, after the final checkpoint, runs to the end: the run is finished and will not rerun."""
         if self.evaluator is None:
             return
-        values = self.evaluator.evaluate(should_stop=None if final else lambda: self.stop.requested)
+        expected = getattr(self.evaluator, "num_examples", None)
+        with Phase(f"eval at step {step}", expected, "examples", live=self.progress is not None) as phase:
+            values = self.evaluator.evaluate(None if final else lambda: self.stop.requested, phase.update)
         if values is None:
             self._stop_if_requested(step)
         self._clear_progress()

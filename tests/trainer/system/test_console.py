@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.histogram import summary_v2
 
+from data import phase
 from tests.support.paths import ROOT_PATH
 from trainer.loop.run import train
 from trainer.outputs import costs, progress
@@ -48,9 +49,14 @@ def test_logged_loss_is_over_the_steps_since_the_last_log_line_whatever_other_ca
     assert sorted(rates) == [10, 20] and all(r > 0 for r in rates.values())
 
 
-def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_path, capsys):
-    metrics = train(make_config(loop={"train_steps": 12, "log_every_steps": 6, "eval_every_steps": 12}))
+def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(phase, "FIRST_LINE_SEC", 0.0)  # the eval's and export's progress line at once, off a terminal
+    loop = {"train_steps": 12, "log_every_steps": 6, "eval_every_steps": 12, "export": True}
+    metrics = train(make_config(loop=loop))
     out = capsys.readouterr().out
+    assert "eval at step 12: 0 of 360 examples (0%), 0:00:00 so far\n" in out  # then a line a minute: none here
+    assert "exporting to export/12: writing the SavedModel, 0:00:00 so far\n" in out
+    assert len(re.findall(r"so far\n", out)) == 2 and "\r" not in out
     assert "model      cnn: " in out and "trainable parameters" in out
     assert "towers     2 (sync, deterministic): tower 0 (" in out
     assert "batch      64 per step = 2 micro-batches of 32" in out
