@@ -66,7 +66,8 @@ def _main(argv: list[str]) -> int:
     with console.native_stderr_filtered(level), runtime.without_optional_packages():
         from trainer.system import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
-    if tasks.num_tasks == 1:
+    if tasks.num_tasks == 1:  # its stderr filtered as a task's of several is: TensorFlow's harmless lines and
+        console.filter_from_now(level)  # SentencePiece's come while it runs too (`trainer.system.console`)
         return _train(plan, None)
     if not tasks.is_chief:
         return distributed.serve(tasks, config, stop.REQUEST)

@@ -231,6 +231,21 @@ def test_every_harmless_line_is_documented_and_matches_what_tensorflow_printed()
 
 
 @pytest.mark.quick
+def test_sentencepieces_own_lines_are_dropped_below_the_threshold_as_tensorflows_are():
+    """tensorflow_text's SentencePiece prints `normalizer.cc(51) LOG(INFO) ...` loading a subword model: an INFO
+    line (documented), dropped from level 1; its ERROR line shows at levels 1 and 2, as TensorFlow's would."""
+    info = "normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. use identity normalization.\n"
+    error = "model_interface.cc(91) LOG(ERROR) a real one\n"
+    assert [list(console.kept([info, error, "step 1/6\n"], level)) for level in (0, 1, 2, 3)] == [
+        [info, error, "step 1/6\n"],
+        [error, "step 1/6\n"],
+        [error, "step 1/6\n"],
+        ["step 1/6\n"],
+    ]
+    assert info.split(" use")[0] in (ROOT_PATH / "docs" / "console.md").read_text().replace("\n", " ")
+
+
+@pytest.mark.quick
 def test_a_message_that_does_not_go_on_as_the_harmless_one_does_is_shown_whole():
     cut_in = [*TYPE_INFERENCE[:4], "error: another thread's\n", *TYPE_INFERENCE[4:]]  # cannot be part of it
     assert list(console.kept(cut_in, 2)) == cut_in[:5] + TYPE_INFERENCE[4:]
