@@ -244,11 +244,12 @@ class Loop:
         )
 
     def _evaluate(self, step: int, final: bool = False) -> None:
-        """Evaluates. An eval during training gives way to a stop request (and the loop then stops); the
-        final one, after the final checkpoint, runs to the end: the run is finished and will not rerun."""
+        """Evaluates, showing how far it is (`data.phase`: a live line on a terminal, a line a minute in a log).
+        An eval during training gives way to a stop request (and the loop then stops); the final one, after the
+        final checkpoint, runs to the end: the run is finished and will not rerun."""
         if self.evaluator is None:
             return
-        expected = getattr(self.evaluator, "num_examples", None)
+        expected = getattr(self.evaluator, "num_examples", None)  # the eval records counted before training
         with Phase(f"eval at step {step}", expected, "examples", live=self.progress is not None) as phase:
             values = self.evaluator.evaluate(None if final else lambda: self.stop.requested, phase.update)
         if values is None:
