@@ -19,6 +19,10 @@ LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = 3  # INFO, WARNING and ERROR hidden; FATAL shown
 SEVERITIES = "IWEF"  # absl C++ log prefixes, in TF_CPP_MIN_LOG_LEVEL order
 NATIVE_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.]+:\d+\] ")
+# SentencePiece's own logging (its C++ copy inside tensorflow_text, whose level no API reaches), e.g.
+# `normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. use identity normalization.` at every load of a
+# subword model built with identity normalization (data/subword.py): its severity, as TensorFlow's.
+SENTENCEPIECE_LINE = re.compile(r"^[\w.]+\(\d+\) LOG\((?:(I)NFO|(W)ARNING|(E)RROR|(F)ATAL)\) ")
 BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 
@@ -83,8 +87,8 @@ def is_noise(line: str, level: int) -> bool:
 
 
 def _below(line: str, level: int) -> bool:
-    match = NATIVE_LINE.match(line)
-    return bool(match) and SEVERITIES.index(match.group(1)) < level
+    match = NATIVE_LINE.match(line) or SENTENCEPIECE_LINE.match(line)
+    return bool(match) and SEVERITIES.index(next(filter(None, match.groups()))) < level
 
 
 def _harmless(line: str) -> Harmless | None:

@@ -18,6 +18,7 @@ them all).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -153,10 +154,27 @@ def _write_synthetic(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _write_text(args: argparse.Namespace) -> tuple[str, str]:
-    from data import text
+    """Writes the records, showing each pass on stderr (`data.phase`; stdout keeps the two globs), and one
+    line on stderr at the end: what was written, from what, in how long."""
+    import time
 
+    from data import phase, text
+
+    started = time.monotonic()
     options = (args.tokens, args.context, args.eval_fraction, args.documents, args.vocab_size, args.subword_model)
-    return text.write_text_records(args.files, args.out_dir, *options)[:2]
+    train_glob, eval_glob, vocab_path = text.write_text_records(args.files, args.out_dir, *options, sys.stderr)
+    with open(vocab_path, encoding="utf-8") as f:
+        info = json.load(f)
+    records, size = info["records"], sum(info["bytes"].values())
+    shards = {"train": len(glob.glob(train_glob)), "eval": len(glob.glob(eval_glob))}
+    print(
+        f"wrote {records['train']:,} train records ({shards['train']} files) and {records['eval']:,} eval records "
+        f"({shards['eval']} file{'s' if shards['eval'] != 1 else ''}) of {info['train_tokens']:,} + "
+        f"{info['eval_tokens']:,} {args.tokens} tokens from {len(args.files)} file{'s' if len(args.files) != 1 else ''}"
+        f" ({size / 1e6:,.1f} MB) in {phase.format_duration(time.monotonic() - started)}",
+        file=sys.stderr,
+    )
+    return train_glob, eval_glob
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ def write_text_records(
     documents: str = "none",
     vocab_size: int | None = None,
     subword_model: str = "bpe",
+    progress=None,
 ) -> tuple[str, str, str]:
     """Writes the records of the files' text into out_dir (see the module docstring), streaming: memory stays
     bounded whatever the files' size (data/text_write.py).
@@ -61,6 +62,8 @@ def write_text_records(
         documents: "none" (windows over the whole split) or "paragraphs".
         vocab_size: The subword vocabulary's size (subword tokens only).
         subword_model: "bpe" or "unigram" (subword tokens only).
+        progress: A stream to show each pass's progress on (`data.phase`: `python -m data.prepare` passes
+            stderr), or None.
 
     Returns:
         (train_glob, eval_glob, vocab_path).
@@ -77,6 +80,7 @@ def write_text_records(
         "vocab_size": vocab_size,
         "subword_model": subword_model,
         "piece_bytes": text_stream.PIECE_BYTES,
+        "progress": progress,
     }
     info = text_write.write(paths, out_dir, tokens, context, eval_fraction, documents, options)
     files = info["files"]

@@ -31,8 +31,9 @@ class Scan:
     charset: set[str] | None = None
 
 
-def scan(paths: list[str], want_charset: bool, piece_bytes: int = PIECE_BYTES) -> Scan:
-    """Reads every file once: checks it is UTF-8, counts its bytes and characters, hashes the whole text.
+def scan(paths: list[str], want_charset: bool, piece_bytes: int = PIECE_BYTES, progress=None) -> Scan:
+    """Reads every file once: checks it is UTF-8, counts its bytes and characters, hashes the whole text;
+    `progress(bytes read)` is told after every block.
 
     Raises:
         DataError: For a file that is missing or not UTF-8 (naming the offset of the first bad byte).
@@ -48,6 +49,8 @@ def scan(paths: list[str], want_charset: bool, piece_bytes: int = PIECE_BYTES) -
                 bad = offset - len(decoder.getstate()[0]) + e.start
                 raise DataError(f"text file {path} is not UTF-8 (byte {bad}); convert it to UTF-8") from None
             offset += len(raw)
+            if progress is not None:
+                progress(result.bytes + offset)
             result.chars += len(text)
             if result.charset is not None:
                 result.charset.update(text)

@@ -18,6 +18,7 @@ import tempfile
 import numpy as np
 
 from data import subword, text_stream
+from data.phase import shown
 from data.schema import DataError
 from data.text_records import Shards, Windows
 
@@ -28,9 +29,14 @@ def write(paths, out_dir, tokens, context, eval_fraction, documents, options) ->
     """Writes the records and vocab.json into out_dir; returns vocab.json's content.
 
     Args:
-        options: {"train_shards", "vocab_file", "vocab_size", "subword_model", "piece_bytes"}.
+        options: {"train_shards", "vocab_file", "vocab_size", "subword_model", "piece_bytes"}, and "progress":
+            the stream each pass shows its progress on (`data.phase`), or None.
     """
-    scanned = text_stream.scan(paths, tokens == "char", options["piece_bytes"])
+    size_mb = sum(os.path.getsize(path) for path in paths) / 1e6
+    files = f"{len(paths)} file{'s' if len(paths) != 1 else ''}"
+    with shown(f"reading {files}", options.get("progress"), total=size_mb, unit="MB") as phase:
+        progress = lambda done: phase.update(done / 1e6)  # noqa: E731
+        scanned = text_stream.scan(paths, tokens == "char", options["piece_bytes"], progress)
     cut = int((scanned.chars if tokens == "char" else scanned.bytes) * (1.0 - eval_fraction))
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
@@ -53,8 +59,11 @@ def write(paths, out_dir, tokens, context, eval_fraction, documents, options) ->
 def _write_into(building, paths, scanned, cut, tokens, context, documents, options) -> dict:
     chars = sorted(scanned.charset) if tokens == "char" else None
     info = {"tokens": tokens, **({"chars": chars} if chars is not None else {})}
+    stream = options.get("progress")
     if tokens == "subword":
-        model = subword.train_apart(paths, cut, options["vocab_size"], options["subword_model"])
+        what = f"training a {options['subword_model']} model of {options['vocab_size']} subword tokens"
+        with shown(what, stream, detail=f"on the train split's {cut / 1e6:,.1f} MB"):
+            model = subword.train_apart(paths, cut, options["vocab_size"], options["subword_model"])
         name = subword.MODEL_FILE
         with open(os.path.join(building, name), "wb") as f:
             f.write(model)
@@ -71,10 +80,12 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
         expected = {name: None for name in SPLITS}  # counted as they are written
     splits = _Splits(building, context, expected, options["train_shards"], tokenize)
     try:
-        for split, units, size in text_stream.split_pieces(paths, tokens, cut, options["piece_bytes"]):
-            splits.feed(split, units, size, documents)
-        splits.end()
-        counts = splits.close(tokens)  # waits for the pool's last ids
+        with shown(f"writing {tokens} records", stream, total=scanned.bytes / 1e6, unit="MB") as phase:
+            for split, units, size in text_stream.split_pieces(paths, tokens, cut, options["piece_bytes"]):
+                splits.feed(split, units, size, documents)
+                phase.update(sum(splits.sizes.values()) / 1e6, f"{splits.records():,} records")
+            splits.end()
+            counts = splits.close(tokens)  # waits for the pool's last ids
     finally:
         if isinstance(tokenize, subword.Encoder):
             tokenize.close()
@@ -108,6 +119,10 @@ class _Splits:
         self.sizes = dict.fromkeys(SPLITS, 0)  # UTF-8 bytes
         self.units = dict.fromkeys(SPLITS, 0)  # characters or bytes: the tokens of char and byte tokens
         self.tokenize, self.current, self.paragraphs = tokenize, None, None
+
+    def records(self) -> int:
+        """Records cut so far, both splits."""
+        return sum(windows.records for windows in self.windows.values())
 
     def feed(self, split: str, units, size: int, documents: str) -> None:
         if split != self.current:

@@ -67,6 +67,9 @@ def _main(argv: list[str]) -> int:
         from trainer.system import distributed  # noqa: PLC0415 (deferred: keeps flag errors fast; imports TensorFlow)
 
     if tasks.num_tasks == 1:
+        # Its stderr filtered as a task's of several is: TensorFlow's harmless lines and SentencePiece's come
+        # while it runs too, not only while TensorFlow imports (`trainer.system.console`).
+        console.filter_from_now(level)
         return _train(plan, None)
     if not tasks.is_chief:
         return distributed.serve(tasks, config, stop.REQUEST)

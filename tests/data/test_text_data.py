@@ -7,6 +7,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -173,6 +174,13 @@ def test_prepare_text_without_tokens_writes_bytes_and_prints_no_tensorflow_lines
     assert [line.split("=")[0] for line in result.stdout.splitlines()] == ["--train_data", "--eval_data"]
     assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], result.stderr
     info = json.loads((tmp_path / "out" / "vocab.json").read_text())
+    # stderr: what was written, in one line; off a terminal, a pass of a few seconds adds no progress line
+    records, tokens = info["records"], (info["train_tokens"], info["eval_tokens"])
+    assert re.fullmatch(
+        rf"wrote {records['train']} train records \(4 files\) and {records['eval']} eval records \(1 file\) of "
+        rf"{tokens[0]:,} \+ {tokens[1]:,} byte tokens from 1 file \(0\.0 MB\) in 0:00:\d\d\n",
+        result.stderr,
+    ), result.stderr
     assert (info["tokens"], info["vocab_size"]) == ("byte", 256)
     assert len(glob.glob(str(tmp_path / "out" / "train-*"))) == 4 and glob.glob(str(tmp_path / "out" / "eval-*"))
 

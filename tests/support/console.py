@@ -1,9 +1,22 @@
-"""Acting on a run's console: a test waits for a line the run prints (an event), never for seconds."""
+"""Acting on a run's console: a test waits for a line the run prints (an event), never for seconds; and what
+is not towerflow's on a console."""
 
 from __future__ import annotations
 
 import re
 import sys
+
+# Lines of TensorFlow's, absl's or SentencePiece's on a console: absl's C++ and Python prefix (`E0000 ...`,
+# `W1129 03:27:17.288189 ... checkpoint.py:225]`), a C++ source position (`cuda_platform.cc:52]`,
+# `normalizer.cc(51)`), absl's banner, the CPU feature note's second line, anything about CUDA.
+FOREIGN = re.compile(
+    r"^[IWEF]\d{4} |\.cc[:(]\d+|^WARNING: All log messages before absl|^To enable the following instructions|cuda|CUDA"
+)
+
+
+def foreign_lines(*texts: str) -> list[str]:
+    """The lines of `texts` (a command's stdout, stderr) that are not towerflow's (`FOREIGN`)."""
+    return [line for text in texts for line in text.splitlines() if FOREIGN.search(line)]
 
 
 class OnLine:

@@ -61,6 +61,8 @@ def trained_lm_run(root, tokens: str, *prepare_flags: str, chars: int, steps: in
         f"--model_dir={root / 'run'}", "--export", env=env, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    (root / "run.stdout").write_text(done.stdout)  # its console, for the tests of what a run prints
+    (root / "run.stderr").write_text(done.stderr)
     return root
 
 

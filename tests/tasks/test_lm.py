@@ -325,7 +325,8 @@ def test_served_logits_are_the_models(exported_run):
 
 
 def _sample(run_dir, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    """`python -m tasks.sample` as a user's shell starts it (no TF_CPP_MIN_LOG_LEVEL)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"} | {"PYTHONPATH": ROOT}
     command = [sys.executable, "-m", "tasks.sample", str(run_dir), "--tokens=30", *args]
     return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
@@ -334,6 +335,7 @@ def test_sampler_is_seeded(exported_run):
     run_dir, _ = exported_run
     first, again, other = (_sample(run_dir, "--prompt=ab", f"--seed={s}") for s in (1, 1, 2))
     assert [r.returncode for r in (first, again, other)] == [0, 0, 0], first.stderr
+    assert [r.stderr for r in (first, again, other)] == ["", "", ""]  # no TensorFlow start-up line (cuInit, ...)
     assert first.stdout == again.stdout and first.stdout != other.stdout
     assert first.stdout.startswith("ab") and len(first.stdout) == 2 + 30 + 1  # prompt, tokens, newline
     assert set(first.stdout[:-1]) <= set("\n abcdefgh")
@@ -350,6 +352,37 @@ def test_sampler_top_k_one_is_greedy(exported_run):
         window = np.array([greedy[-6:]], np.int32)
         greedy.append(int(model(window).numpy()[0, -1].argmax()))
     assert ids == greedy
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("tokens", ["-1", "100001"])
+def test_sampler_tokens_out_of_bounds_is_one_line(tmp_path, capsys, tokens):
+    assert sample.main([str(tmp_path), f"--tokens={tokens}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: --tokens ({tokens}) must be between 0 and 100000 (each token runs the model over its whole window: "
+        "about half an hour for the default model on 2 CPU cores); sample again with another --seed for more\n"
+    )
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("tokens", ["byte", "char"])
+def test_the_sampler_streams_whole_characters_and_prints_what_decode_makes(tokens):
+    """Byte by byte, a character is printed once it is whole; the pieces, joined, are `decode` of every id,
+    broken UTF-8 included (U+FFFD as one decode makes it)."""
+    text = "naïve “text” ✓ 𝄞".encode()
+    rng = np.random.default_rng(0)
+    cases = [list(text), *[rng.integers(0, 256, 40).tolist() for _ in range(200)]]
+    task = {"tokens": "byte"}
+    if tokens == "char":
+        task, cases = {"tokens": "char", "vocab": list("abc ✓")}, [rng.integers(0, 5, 40).tolist()]
+    for ids in cases:
+        decoder = sample.Decoder(task)
+        pieces = [decoder.add(i) for i in ids] + [decoder.end()]
+        assert "".join(pieces) == sample.decode(ids, task)
+    if tokens == "byte":
+        decoder = sample.Decoder(task)
+        assert [decoder.add(b) for b in "✓a".encode()] == ["", "", "✓", "a"]  # 3 bytes, then a whole character
 
 
 @pytest.mark.quick

@@ -9,12 +9,18 @@ import glob
 import hashlib
 import json
 import math
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from data import subword
 from tasks import sample
+from tests.support.console import foreign_lines
+from tests.support.paths import ROOT
 
 # The session's subword run (tests/tasks/conftest.py: records and a 3-step `python -m trainer` run with its
 # export) is read here and by test_lm_generate's fresh-process test: in one xdist group, it is made once.
@@ -58,10 +64,37 @@ def test_the_run_directory_and_export_carry_the_model(run):
 
 
 def test_the_sampler_decodes_subword_ids(run, capsys):
+    """As a user starts it (no TF_CPP_MIN_LOG_LEVEL): no line of TensorFlow's or of its SentencePiece's
+    (`normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty`); the text as the in-process sampler's."""
     argv = [str(run / "run"), "--prompt=The class ", "--tokens=12", "--seed=3"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"} | {"PYTHONPATH": ROOT}
+    command = [sys.executable, "-m", "tasks.sample", *argv]
+    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert (first.returncode, first.stderr) == (0, ""), first.stderr[-2000:]
     assert sample.main(argv) == 0
-    first = capsys.readouterr().out
-    assert sample.main(argv) == 0
-    assert capsys.readouterr().out == first and first.startswith("The class ")
+    assert capsys.readouterr().out == first.stdout and first.stdout.startswith("The class ")
     task = sample.read_vocabulary(str(run / "run"))
     assert sample.decode(sample.encode("naïve “text” ✓", task), task) == "naïve “text” ✓"  # byte fallback
+
+
+def test_the_sampler_streams_whole_characters_of_subword_pieces(run):
+    """Byte pieces (byte fallback) are held until the piece that ends them: the streamed pieces, joined, are
+    `decode` of every id, for any ids (random ones, byte pieces and <unk> among them)."""
+    task = sample.read_vocabulary(str(run / "run"))
+    size = task["processor"].get_piece_size()
+    rng = np.random.default_rng(0)
+    cases = [sample.encode("naïve “text” ✓ 𝄞", task)]
+    # half of the ids byte pieces (ids 1..256 with byte fallback, `<unk>` at 0), half any piece
+    cases += [np.where(rng.random(30) < 0.5, rng.integers(1, 257, 30), rng.integers(0, size, 30)).tolist()
+              for _ in range(300)]  # fmt: skip
+    for ids in cases:
+        decoder = sample.Decoder(task)
+        assert "".join([decoder.add(i) for i in ids] + [decoder.end()]) == sample.decode(ids, task), ids
+
+
+def test_the_run_prints_only_towerflows_lines(run):
+    """The run's console (tests/support/runs.py keeps it): no TensorFlow line, no SentencePiece
+    `normalizer.cc(51) LOG(INFO)` line; stderr empty."""
+    out, err = (run / "run.stdout").read_text(), (run / "run.stderr").read_text()
+    assert foreign_lines(out, err) == [] and err == "", err[-2000:]
+    assert "eval at step 3: loss" in out and "exported to export/3" in out

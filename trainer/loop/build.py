@@ -89,7 +89,7 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     task = task or tasks.make_task(config)
     reader = reader_for(task, config)
     inputs = reader.resolve()
-    reader.check_eval(inputs)  # a bad eval file fails now, not after training
+    eval_records = reader.check_eval(inputs)  # a bad eval file fails now, not after training
     bad_records = data.BadRecords(config.data.max_bad_records)
     settings = reader.data_settings(inputs)
     model, optimizer, global_step = build_model_and_optimizer(plan, placement, task)
@@ -103,7 +103,9 @@ def build(run: RunConfig | Plan, train_dataset: tf.data.Dataset | None = None, t
     make_eval = eval_dataset_fn(config, reader, inputs, bad_records, settings)
     forward = runners.inference(model, placement, config.towers.pipeline)  # whole, or through the stages
     explain = lambda e: bad_records.explain(e, False, log_line) or reader.explain_failure(e, "--eval_data")  # noqa: E731
-    evaluator = Evaluator(task, model, placement, make_eval, explain, forward, config.towers.num_micro_batches)
+    evaluator = Evaluator(
+        task, model, placement, make_eval, explain, forward, config.towers.num_micro_batches, num_examples=eval_records
+    )
     updater = plan.mode.build(task, model, optimizer, placement, global_step, iterators, config)
     if config.runtime.device_memory_mb:  # traces the step: before the first one runs, a step too large is one line
         stepmemory.check(stepmemory.needs(updater, optimizer, reader.longest_length), config.runtime.device_memory_mb)

@@ -14,6 +14,7 @@ import time
 
 import tensorflow as tf
 
+from data.phase import Phase
 from trainer.outputs import progress as progress_lib
 from trainer.settings.config import LoopConfig
 from trainer.step.stepper import Updater
@@ -243,11 +244,14 @@ class Loop:
         )
 
     def _evaluate(self, step: int, final: bool = False) -> None:
-        """Evaluates. An eval during training gives way to a stop request (and the loop then stops); the
-        final one, after the final checkpoint, runs to the end: the run is finished and will not rerun."""
+        """Evaluates, showing how far it is (`data.phase`: a live line on a terminal, a line a minute in a log).
+        An eval during training gives way to a stop request (and the loop then stops); the final one, after the
+        final checkpoint, runs to the end: the run is finished and will not rerun."""
         if self.evaluator is None:
             return
-        values = self.evaluator.evaluate(should_stop=None if final else lambda: self.stop.requested)
+        expected = getattr(self.evaluator, "num_examples", None)  # the eval records counted before training
+        with Phase(f"eval at step {step}", expected, "examples", live=self.progress is not None) as phase:
+            values = self.evaluator.evaluate(None if final else lambda: self.stop.requested, phase.update)
         if values is None:
             self._stop_if_requested(step)
         self._clear_progress()

@@ -35,9 +35,21 @@ class Evaluator:
       forward: (tower, model inputs) -> the model's outputs for tower `tower`'s part, in inference mode
         (`trainer.step.sync.runners.inference`: through pipeline stages or whole); None: the whole model there.
       num_parts: K, the parts each batch is cut into (the run's micro-batches); 0: one per tower.
+      num_examples: the eval records counted before training (what an eval's progress counts up to), or None.
     """
 
-    def __init__(self, task, model, placement: Placement, make_dataset, explain=None, forward=None, num_parts=0):
+    def __init__(
+        self,
+        task,
+        model,
+        placement: Placement,
+        make_dataset,
+        explain=None,
+        forward=None,
+        num_parts=0,
+        num_examples=None,
+    ):
+        self.num_examples = num_examples
         self.task = task
         self.num_parts = num_parts or (len(placement.towers) if placement else 0)
         self.model = model
@@ -47,23 +59,24 @@ class Evaluator:
         self.explain = explain or (lambda error: None)
         self._eval_fn = graphs.function(self._batch_sums)
 
-    def evaluate(self, should_stop=None) -> dict | None:
+    def evaluate(self, should_stop=None, progress=None) -> dict | None:
         """Returns {"eval_loss", "eval_<metric>" for each of the task's metrics, "eval_examples", and what the
         task's `eval_metrics` adds} as Python numbers, or None when `should_stop()` turned true between two
-        batches (a stop request does not wait for a long eval).
+        batches (a stop request does not wait for a long eval). `progress(examples)` is told the examples
+        scored so far after every batch.
 
         Raises:
           What `explain` makes of a `tf.errors.OpError` (the eval data's own failures surface here).
         """
         try:
-            return self._evaluate(should_stop)
+            return self._evaluate(should_stop, progress or (lambda examples: None))
         except tf.errors.OpError as e:
             explained = self.explain(e)
             if explained is None:
                 raise
             raise explained from e
 
-    def _evaluate(self, should_stop) -> dict | None:
+    def _evaluate(self, should_stop, progress) -> dict | None:
         totals, count = None, 0
         for batch in self._batches():
             if should_stop is not None and should_stop():
@@ -71,6 +84,7 @@ class Evaluator:
             sums = tf.nest.map_structure(float, self._eval_fn(batch))
             totals = sums if totals is None else tf.nest.map_structure(lambda a, b: a + b, totals, sums)
             count += tw.batch_size(batch)
+            progress(count)
         if count == 0:
             raise ValueError("the eval data holds no examples")
         (loss, weight), metrics = totals

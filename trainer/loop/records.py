@@ -55,10 +55,11 @@ class LabeledRecords:
         self.task.bind(inputs.train.example_shape, inputs.num_classes)
         return inputs
 
-    def check_eval(self, inputs: Inputs) -> None:
+    def check_eval(self, inputs: Inputs) -> int:
+        """Reads every eval record once; returns how many there are."""
         # Every eval record once (CRCs, keys, labels; not the image decode, 8x slower): a bad eval file fails
         # now, not after training. 0.3 s for 50,000 32x32 records on 2 cores.
-        data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
+        return data.check_records(inputs.eval, inputs.num_classes, what="--eval_data")
 
     def data_settings(self, inputs: Inputs) -> DataSettings:
         return data_settings(self.config, inputs.train)
@@ -133,8 +134,9 @@ class FeatureRecords:
         evaluation = data.inspect_feature_records(patterns[1], self.schema, what="--eval_data")
         return Inputs(train, evaluation, 0)
 
-    def check_eval(self, inputs: Inputs) -> None:
-        data.check_feature_records(inputs.eval, what="--eval_data")
+    def check_eval(self, inputs: Inputs) -> int:
+        """Reads every eval record once; returns how many there are."""
+        return data.check_feature_records(inputs.eval, what="--eval_data")
 
     def data_settings(self, inputs: Inputs) -> DataSettings:
         del inputs

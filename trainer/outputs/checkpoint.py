@@ -37,6 +37,29 @@ class _MultiTaskSaveRetracing(logging.Filter):
 _RETRACING_FILTER = _MultiTaskSaveRetracing()
 
 
+class _RefusedRestore(logging.Filter):
+    """Once a restore was refused (`CheckpointMismatch`, which names the checkpoint and what differs), drops the
+    warnings TensorFlow logs when that restore's state is garbage-collected ("Detecting that an object ... is
+    being deleted with unrestored values", then a line per value, from its checkpoint.py): they repeat the
+    refusal in TensorFlow's words, after it, as the process ends. Before a refusal, nothing is dropped."""
+
+    UNRESTORED = (
+        "Detecting that an object or model or tf.train.Checkpoint is being deleted with unrestored values",
+        "Value in checkpoint could not be found in the restored object",
+        "An attribute in the restored object could not be found in the checkpoint",
+    )
+
+    def __init__(self):
+        super().__init__()
+        self.refused = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.refused and record.getMessage().startswith(self.UNRESTORED))
+
+
+_REFUSED_FILTER = _RefusedRestore()
+
+
 class CheckpointMismatch(RuntimeError):
     """A checkpoint reads back whole but does not fit this run's model, optimizer or data."""
 
@@ -61,6 +84,7 @@ class Checkpointer:
         self.log = log
         self.checkpoint = tf.train.Checkpoint(step=step, **objects)
         tf.get_logger().addFilter(_RETRACING_FILTER)  # once per process: adding the same filter again is a no-op
+        tf.get_logger().addFilter(_REFUSED_FILTER)
         self.saved_step: int | None = None  # the step of the checkpoint restored or last saved
         self._manager: tf.train.CheckpointManager | None = None
 
@@ -132,6 +156,7 @@ class Checkpointer:
             self.checkpoint.restore(os.path.join(self._tf_directory(), name)).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             # It read back whole (`files.unreadable`), so this is not damage: it was written by another run.
+            _REFUSED_FILTER.refused = True
             raise CheckpointMismatch(
                 f"cannot resume from {path}: it reads back whole but does not match this run's "
                 f"model/optimizer/data ({type(e).__name__}: {e}). Use a new --model_dir, or the flags of the run "

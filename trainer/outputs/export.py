@@ -19,6 +19,7 @@ from typing import Protocol
 import keras
 import tensorflow as tf
 
+from data.phase import Phase
 from tasks import TaskError
 from trainer.settings.config import RunConfig
 
@@ -98,7 +99,8 @@ def export_saved_model(model: keras.Model, config: RunConfig, serving: Serving, 
     _remove_partial(base, log)  # left by a killed export; the run lock says no one else is writing
     partial = os.path.join(base, f"{_PARTIAL_PREFIX}{step}-{os.getpid()}")
     try:
-        serving.archive(model).write_out(partial, verbose=False)
+        with Phase(f"exporting to export/{step}", detail="writing the SavedModel"):  # one long call: a clock
+            serving.archive(model).write_out(partial, verbose=False)
         _write_contract(partial, serving.contract(config, step))
         os.rename(partial, target)
     except BaseException:

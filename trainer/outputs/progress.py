@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 
+from data.phase import format_duration, is_terminal  # noqa: F401 (format_duration: this module's name too)
+
 
 @dataclasses.dataclass
 class Rate:
@@ -211,10 +213,4 @@ class ProgressLine:
 
 def live_progress(stream=None) -> bool:
     """Whether to draw a live line: only on a terminal (a log file gets plain log lines)."""
-    stream = stream or sys.stdout
-    return hasattr(stream, "isatty") and stream.isatty()
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return is_terminal(stream or sys.stdout)

@@ -18,9 +18,11 @@ import trainer); this module adds the flags' level, the hidden GPUs and the filt
 
 Some lines are noise at any threshold: `HARMLESS` lists TensorFlow's C++ lines known to say nothing wrong
 about a towerflow run (each with why), dropped whatever their severity unless -v shows everything (level 0).
-A job of several tasks prints them while it runs, not only while TensorFlow is imported (a worker's remote
-functions, the chief's remote iterators), so its tasks send their stderr through `filter_from_now`: a filter
-process of their own, `python -m trainer.system.console LEVEL`, that passes every other line at once.
+They come while a run runs, not only while TensorFlow is imported (a worker's remote functions, the chief's
+remote iterators; with a TF_CPP_MIN_LOG_LEVEL below 3, the cuInit line as the devices start), and so do
+SentencePiece's INFO lines (tensorflow_text's copy, loading a subword model), so every process of a run sends
+its stderr through `filter_from_now`: a filter process of its own, `python -m trainer.system.console LEVEL`,
+that passes every other line at once.
 """
 
 from __future__ import annotations

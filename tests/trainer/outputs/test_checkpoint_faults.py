@@ -2,8 +2,10 @@
 that reads back whole, a lost state file is rebuilt, leftovers of interrupted saves are removed, a checkpoint
 of another model still fails, and a run SIGKILLed while saving resumes bitwise."""
 
+import gc
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -13,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.support.paths import ROOT
 from tests.support.runs import cpu_flags, run_trainer, trainer_command
@@ -218,6 +221,18 @@ def test_a_checkpoint_of_another_model_fails_naming_it(make_config, tmp_path, ca
     assert "skipped" not in capsys.readouterr().out  # a mismatch is not damage: no fallback to ckpt-4
     assert _state(tmp_path / "run") == ["ckpt-4", "ckpt-8"]
     assert _on_disk(tmp_path / "run") == _files_of(4, 8)
+    # The refused restore's state, collected, logs no TensorFlow warning after the refusal ("... being deleted
+    # with unrestored values", "Value in checkpoint could not be found ..."): the refusal said it.
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    tf.get_logger().addHandler(handler)
+    try:
+        del e, cnn  # the model holds the restore's state (its deferred values) until it goes
+        gc.collect()
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [m for m in logged if "unrestored" in m or "could not be found" in m], logged
 
 
 def test_leftovers_of_interrupted_saves_are_removed(make_config, tmp_path, capsys, runs):

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.histogram import summary_v2
 
+from data import phase
 from tests.support.paths import ROOT_PATH
 from trainer.loop.build import build
 from trainer.loop.run import train
@@ -49,9 +50,14 @@ def test_logged_loss_is_over_the_steps_since_the_last_log_line_whatever_other_ca
     assert sorted(rates) == [10, 20] and all(r > 0 for r in rates.values())
 
 
-def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_path, capsys):
-    metrics = train(make_config(loop={"train_steps": 12, "log_every_steps": 6, "eval_every_steps": 12}))
+def test_console_has_a_banner_a_first_step_line_and_a_summary(make_config, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(phase, "FIRST_LINE_SEC", 0.0)  # the eval's and export's progress line at once, off a terminal
+    loop = {"train_steps": 12, "log_every_steps": 6, "eval_every_steps": 12, "export": True}
+    metrics = train(make_config(loop=loop))
     out = capsys.readouterr().out
+    assert "eval at step 12: 0 of 360 examples (0%), 0:00:00 so far\n" in out  # then a line a minute: none here
+    assert "exporting to export/12: writing the SavedModel, 0:00:00 so far\n" in out
+    assert len(re.findall(r"so far\n", out)) == 2 and "\r" not in out
     assert "model      cnn: " in out and "trainable parameters" in out
     assert "towers     2 (sync, deterministic): tower 0 (" in out
     assert "batch      64 per step = 2 micro-batches of 32" in out
@@ -237,6 +243,21 @@ def test_every_harmless_line_is_documented_and_matches_what_tensorflow_printed()
     assert [console._harmless(line) for line in printed] == list(console.HARMLESS)
     for harmless in console.HARMLESS:
         assert f"`{harmless.says.split(':')[0].replace(chr(92), '')}" in doc, harmless.says  # its words, unescaped
+
+
+@pytest.mark.quick
+def test_sentencepieces_own_lines_are_dropped_below_the_threshold_as_tensorflows_are():
+    """tensorflow_text's SentencePiece prints `normalizer.cc(51) LOG(INFO) ...` loading a subword model: an INFO
+    line (documented), dropped from level 1; its ERROR line shows at levels 1 and 2, as TensorFlow's would."""
+    info = "normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. use identity normalization.\n"
+    error = "model_interface.cc(91) LOG(ERROR) a real one\n"
+    assert [list(console.kept([info, error, "step 1/6\n"], level)) for level in (0, 1, 2, 3)] == [
+        [info, error, "step 1/6\n"],
+        [error, "step 1/6\n"],
+        [error, "step 1/6\n"],
+        ["step 1/6\n"],
+    ]
+    assert info.split(" use")[0] in (ROOT_PATH / "docs" / "console.md").read_text().replace("\n", " ")
 
 
 @pytest.mark.quick

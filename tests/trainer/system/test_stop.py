@@ -200,10 +200,10 @@ def test_a_second_signal_during_the_save_lets_the_save_finish(make_config, tmp_p
 def test_signal_during_the_final_eval_finishes_the_run_with_its_checkpoint(make_config, tmp_path, monkeypatch):
     original = Evaluator.evaluate
 
-    def evaluate(self, should_stop=None):
+    def evaluate(self, should_stop=None, progress=None):
         if should_stop is None:  # the final eval
             os.kill(os.getpid(), signal.SIGTERM)
-        return original(self, should_stop)
+        return original(self, should_stop, progress)
 
     monkeypatch.setattr(Evaluator, "evaluate", evaluate)
     metrics = run_lib.train(make_config(loop={"train_steps": 12}))
@@ -216,10 +216,10 @@ def test_signal_during_the_final_eval_finishes_the_run_with_its_checkpoint(make_
 def test_an_eval_during_training_gives_way_to_a_stop(make_config, tmp_path, monkeypatch):
     original = Evaluator.evaluate
 
-    def evaluate(self, should_stop=None):
+    def evaluate(self, should_stop=None, progress=None):
         if should_stop is not None:
             os.kill(os.getpid(), signal.SIGUSR2)
-        return original(self, should_stop)
+        return original(self, should_stop, progress)
 
     monkeypatch.setattr(Evaluator, "evaluate", evaluate)
     config = make_config(loop={"train_steps": 40, "eval_every_steps": 10, "checkpoint_every_steps": 10})
