@@ -75,7 +75,15 @@ def _parser() -> argparse.ArgumentParser:
     text.add_argument("--context", type=int, default=64, help="tokens the model sees; records hold up to +1")
     text.add_argument("--eval_fraction", type=float, default=0.1, help="the text's last share, held out")
     text.add_argument("--documents", choices=("none", "paragraphs"), default="none")
-    text.add_argument("--vocab_size", type=int, default=None, help="subword tokens: the vocabulary's size")
+    text.add_argument(
+        "--vocab_size",
+        type=int,
+        default=None,
+        help="subword tokens: the vocabulary's size. The model's embedding and output projection grow with it "
+        "(width x size each): the default model (width 128) trains at ~0.45-0.8x byte tokens' tokens/s at 2000 "
+        "and ~0.2-0.45x at 8000 (where the projection outweighs the blocks); about 4 x layers x width (2000 for the "
+        "default model) keeps it to a quarter of the matmuls (benchmarks/results/lm-vocab.md)",
+    )
     text.add_argument(
         "--subword_model", choices=("bpe", "unigram"), default=None, help="subword tokens: the algorithm (bpe)"
     )

@@ -20,6 +20,7 @@ COMMANDS = {
     "pipeline_schedule": "benchmarks.probes.pipeline_schedule",
     "pipeline_memory": "benchmarks.probes.pipeline_memory",
     "lm_memory": "benchmarks.probes.lm_memory",
+    "lm_vocab": "benchmarks.probes.lm_vocab",
     "feature_checks": "benchmarks.probes.feature_checks",
     "first_step": "benchmarks.probes.first_step",
     "tensor_parallel": "benchmarks.probes.tensor_parallel",

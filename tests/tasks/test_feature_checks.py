@@ -79,6 +79,10 @@ def test_the_full_check_names_a_later_record_that_lacks_a_key_or_leaves_the_boun
         with pytest.raises(data.DataError) as raised:
             data.check_feature_records(data.inspect_feature_records(path, schema), what="--eval_data")
         assert str(raised.value) == line
+    first = _write(str(tmp_path / "first.tfrecord"), _with_id(good, 0), TOKENS)  # each file's first: at inspection
+    with pytest.raises(data.DataError) as raised:
+        data.inspect_feature_records(first, schema)
+    assert str(raised.value) == f"task 'demo': feature 'tokens' of {first} holds 40, outside its bounds [0, 32)"
     optional = data.FeatureSchema.of({**TOKENS, "tokens": Feature("int64", max_length=16, optional=True)}, "demo")
     assert data.check_feature_records(data.inspect_feature_records(lacking, optional)) == 8
 

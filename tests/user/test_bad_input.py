@@ -101,8 +101,19 @@ ROWS = [
     ("normalize", ["--normalize=bogus"], {}, "error: --normalize ('bogus') must be"),
     ("grappler", ["--grappler=nonsense=on"], {}, "error: --grappler: unknown option 'nonsense'"),
     ("eval-alone", ["--eval_data=x"], {}, "error: --eval_data needs --train_data"),
-    ("task", ["--task=nonsense"], {}, "error: --task='nonsense': unknown task; built-in tasks are classify, lm"),
-    ("task-module", ["--task=nosuch.mod:X"], {}, "error: --task='nosuch.mod:X': cannot import module 'nosuch.mod'"),
+    (
+        "task",
+        ["--task=nonsense"],
+        {},
+        "error: --task='nonsense': unknown task; built-in tasks are classify, lm, or name your own as "
+        "'package.module:Class'",
+    ),
+    (
+        "task-module",
+        ["--task=nosuch.mod:X"],
+        {},
+        "error: --task='nosuch.mod:X': cannot import module 'nosuch.mod': No module named 'nosuch'",
+    ),
     ("classes", ["--train_data=x", "--eval_data=x"], {}, "error: --num_classes (0) must be given"),
     # flag files
     ("ff-missing", ["--flagfile={tmp}/missing.txt"], {}, "error: --flagfile={tmp}/missing.txt: cannot read it"),
@@ -213,8 +224,17 @@ def test_the_readmes_examples_are_rows_of_the_table():
 
 
 def test_the_table_is_documented():
-    """docs/signals-and-exit-codes.md lists every row of the table, as what a user can rely on."""
+    """docs/signals-and-exit-codes.md lists every row of the table, as what a user can rely on: the same
+    invocation and the same start of the line (/x for the prepared directory, /ro the read-only one, 7000 the
+    held port, 7001 a free one)."""
     with open(os.path.join(ROOT, "docs", "signals-and-exit-codes.md")) as f:
         page = f.read()
-    missing = [row[0] for row in ROWS if f"`{row[0]}`" not in page]
+    documented = {m[0]: m[1:] for m in re.findall(r"^\| `([\w-]+)` \| `([^`]*)` \| `([^`]*)` \|$", page, re.MULTILINE)}
+    shown = {"tmp": "/x", "ro": "/ro", "held": "7000", "free": "7001"}
+    missing = [row[0] for row in ROWS if row[0] not in documented]
     assert not missing, missing
+    for case, args, env, line in ROWS:
+        invocation, stderr = documented[case]
+        assert stderr == _filled(line, shown), (case, stderr)
+        if not env:  # a row with an environment shows it in words
+            assert invocation == " ".join(["python -m trainer", *(_filled(a, shown) for a in args)]), case
