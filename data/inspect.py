@@ -11,6 +11,7 @@ from google.protobuf import message as protobuf_message
 from data import schema as schema_lib
 from data.options import with_run_options
 from data.schema import DataError, DenseSchema, ImageSchema, RecordInfo
+from data.text import TOKENS_KEY
 
 
 def list_files(pattern: str, *, what: str = "data") -> tuple[str, ...]:
@@ -104,6 +105,11 @@ def _detect_schema(features, path: str) -> ImageSchema | DenseSchema:
         and dense.label_key in features
     ):
         return dense
+    if set(features) == {TOKENS_KEY} and _kind(features[TOKENS_KEY]) == "int64_list":
+        raise DataError(
+            f"{path} holds the language model's token records (one int64 list '{TOKENS_KEY}', `python -m "
+            "data.prepare text`), not images or vectors with class labels; did you mean --task=lm?"
+        )
     raise DataError(
         f"cannot tell the schema of {path}: {_describe_keys(features)}. ImageSchema needs "
         f"'{schema_lib.IMAGE_ENCODED_KEY}' and '{schema_lib.IMAGE_LABEL_KEY}'; DenseSchema needs a float_list "

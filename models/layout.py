@@ -33,9 +33,11 @@ from models import sharded
 from models.registry import ModelError
 
 
-def split(model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int) -> keras.Model:
+def split(model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int, named: str = "") -> keras.Model:
     """``model`` with the Dense layers ``layout`` names ((pattern, "column" or "row"), ...) split into ``shards``
-    shards; ``model`` itself when ``layout`` is empty or ``shards`` is 1 (the layout is still checked).
+    shards; ``model`` itself when ``layout`` is empty or ``shards`` is 1 (the layout is still checked). ``named``
+    says where the count came from in a refusal (the engine's "--tensor_parallel (2, ...)"); "--tensor_shards
+    (N)" if empty.
 
     Raises:
       ModelError: the model is not functional or Sequential, a pattern matches no layer, a matched layer is not
@@ -43,7 +45,7 @@ def split(model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int) 
     """
     if not layout:
         return model
-    how_of = _matched(model, layout, shards)
+    how_of = _matched(model, layout, shards, named or f"--tensor_shards ({shards})")
     if shards == 1:
         return model
 
@@ -54,7 +56,7 @@ def split(model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int) 
     return keras.models.clone_model(model, clone_function=replace, recursive=True)
 
 
-def _matched(model, layout, shards: int) -> dict[int, str]:
+def _matched(model, layout, shards: int, named: str) -> dict[int, str]:
     """{id(layer): how} of every layer a pattern of ``layout`` matches; refuses what cannot be split."""
     if not isinstance(model, (keras.Sequential, Functional)):
         raise ModelError(
@@ -70,13 +72,13 @@ def _matched(model, layout, shards: int) -> dict[int, str]:
             names = ", ".join(layer.name for layer in layers)
             raise ModelError(f"--tensor_layout: {pattern!r} matches no layer of model {model.name!r} ({names})")
         for layer in found:
-            _check_layer(layer, how, shards)
+            _check_layer(layer, how, shards, named)
             if how_of.setdefault(id(layer), how) != how:
                 raise ModelError(f"--tensor_layout splits layer {layer.name!r} both by column and by row")
     return how_of
 
 
-def _check_layer(layer, how: str, shards: int) -> None:
+def _check_layer(layer, how: str, shards: int, named: str) -> None:
     if type(layer) is not keras.layers.Dense:
         raise ModelError(
             f"--tensor_layout: layer {layer.name!r} is a {type(layer).__name__}; only Dense layers split "
@@ -90,8 +92,8 @@ def _check_layer(layer, how: str, shards: int) -> None:
     size, what = (layer.units, "units") if how == "column" else (layer.kernel.shape[0], "inputs")
     if size % shards:
         raise ModelError(
-            f"--tensor_layout: --tensor_shards ({shards}) must divide the {what} ({size}) of layer {layer.name!r}, "
-            f"split by {how}: each shard holds an equal slice"
+            f"--tensor_layout: {named} must divide the {what} ({size}) of layer {layer.name!r}, "
+            f"split by {how}: each shard holds an equal slice; use a shard count that divides {size}"
         )
 
 

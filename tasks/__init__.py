@@ -7,8 +7,8 @@ name without importing the task, so that `python -m trainer` refuses a bad one b
 
 A built-in task is a user task that ships with towerflow. What the engine needs before TensorFlow, each
 declares in a module of its own without it (`tasks.options.Options`: its `--task` help, its typed arguments
-and their flags, its rules on the run's settings): `built_in_arguments`, `check_settings` and `task_help` are
-what the engine reads of them, so it never names a task.
+and their flags, its rules on the run's settings and on its records): `built_in_arguments`, `check_settings`,
+`check_records` and `task_help` are what the engine reads of them, so it never names a task.
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ def check_settings(config) -> str:
     """The first problem the task `config.task.name` finds with its arguments (`config.task.options`) or the
     run's settings, as one line naming the flag; "" if none. Imports no TensorFlow."""
     return options(config.task.name).check(config, dict(config.task.options))
+
+
+def check_records(config) -> tuple[str, list[str]]:
+    """(the first problem the task `config.task.name` finds with the records the run names, as one line; the
+    warning lines about them). Imports no TensorFlow; the globs are known to match."""
+    return options(config.task.name).check_records(config, dict(config.task.options))
 
 
 def task_help() -> str:

@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from data import list_files
+from data import list_files, text_vocab
 from data import text as text_data
 from data.schema import DataError, Feature
 from models import vocab_shards
@@ -58,7 +58,10 @@ class LanguageModel(Task):
 
     def features(self) -> dict[str, Feature]:
         # Bounds: an id past the vocabulary fails the input pipeline naming its record (not the embedding).
-        return {text_data.TOKENS_KEY: Feature("int64", max_length=self.context + 1, bounds=(0, self.vocab_size))}
+        # Up to the records' own context + 1 (shorter than the model's: a warning at start), which the memory
+        # checks then count at.
+        length = min(self.context, self.vocab["context"]) + 1
+        return {text_data.TOKENS_KEY: Feature("int64", max_length=length, bounds=(0, self.vocab_size))}
 
     def preprocess(self, example, seed, training):
         del seed, training  # every record is used whole: nothing random
@@ -78,11 +81,15 @@ class LanguageModel(Task):
         else:
             path = text_data.ensure_default_lm_data(self.context, DEFAULT_TOKENS)[2]
         vocab = text_data.read_vocab(path)
-        if vocab["context"] > self.context:
-            raise DataError(
-                f"task lm: {path} says the records were written for context {vocab['context']}, longer than the "
-                f"task's context ({self.context}); raise the context or rewrite the records"
-            )
+        if train_data:  # as `python -m trainer` checks them before TensorFlow (tasks.lm_options), for a library run
+            evaluation = getattr(self.config.data, "eval_data", None)
+            train = (path, vocab)
+            problem = text_vocab.mismatch(train, text_vocab.vocab_beside(evaluation) if evaluation else None)
+            if problem:
+                raise DataError(problem)
+        problem = text_vocab.context_problem((path, vocab), self.context)
+        if problem:
+            raise DataError(f"task lm: {problem}")
         return vocab
 
     @property

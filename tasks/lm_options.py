@@ -3,6 +3,7 @@ the engine makes their `--lm_*` flags from here and checks them before TensorFlo
 
 from __future__ import annotations
 
+from data import text_vocab
 from tasks.options import Argument, Options
 
 POSITIONS = ("learned", "rotary")  # models.transformer.POSITIONS (a test keeps them equal)
@@ -11,10 +12,48 @@ PRESETS = {"none": {}, "gpt2-small": {"layers": 12, "heads": 12, "width": 768, "
 
 
 def _heads_divide_width(config, values: dict) -> str:
-    del config
     if values["width"] % values["heads"]:
         return f"--lm_heads ({values['heads']}) must divide --lm_width ({values['width']})"
-    return ""
+    return _shards_divide(config, values["heads"], "--lm_heads", "heads")
+
+
+def _shards_divide(config, size: int, named: str, what: str) -> str:
+    """The model's tensor shards (models.transformer) must divide its heads and its vocabulary; the problem
+    names the flag that set the shard count."""
+    split = config.towers.tensor
+    if size % split.shards == 0:
+        return ""
+    return (
+        f"{split.shards_named} must divide {named} ({size}): each shard holds an equal slice of the {what}; "
+        f"use a shard count that divides {size}"
+    )
+
+
+def _records(config, values: dict) -> tuple[str, list[str]]:
+    """The train and eval records' vocab.json (data.text_vocab): one vocabulary, written for no longer a context
+    than the model's; a shorter one is a warning. Nothing to say for the built-in corpus or records without it."""
+    d = config.data
+    train = text_vocab.vocab_beside(d.train_data) if d.train_data else None
+    if train is None:
+        return "", []
+    evaluation = text_vocab.vocab_beside(d.eval_data) if d.eval_data else None
+    context, flag = values["context"], _context_flag(values)
+    problem = text_vocab.mismatch(train, evaluation) or text_vocab.context_problem(train, context, flag)
+    if not problem and evaluation is not None:
+        problem = text_vocab.context_problem(evaluation, context, flag)
+    if not problem:
+        size = text_vocab.size(train[1])
+        problem = _shards_divide(config, size, f"the vocabulary of {train[0]}", "vocabulary") if size else ""
+    warning = text_vocab.context_warning(train, context, flag)
+    return problem, [warning] if warning else []
+
+
+def _context_flag(values: dict) -> str:
+    """Where the model's context came from: --lm_context, or the preset that set it."""
+    preset = values["preset"]
+    if PRESETS.get(preset, {}).get("context") == values["context"]:
+        return f"--lm_context, set by --lm_preset={preset}"
+    return "--lm_context"
 
 
 SIZES = (
@@ -53,4 +92,5 @@ OPTIONS = Options(
     ),
     rule=_heads_divide_width,
     fill=_preset_sizes,
+    records=_records,
 )

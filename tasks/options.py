@@ -45,12 +45,15 @@ class Argument:
 class Options:
     """A task's declaration: `help` (its entry in `--task`'s help), its `arguments`, `rule(config, values) ->
     problem or ""`, what it asks of the run's settings beyond each argument's own check, and `fill(values) ->
-    values`, what some arguments decide of others (a preset's sizes), applied whenever the values are read."""
+    values`, what some arguments decide of others (a preset's sizes), applied whenever the values are read; and
+    `records(config, values) -> (problem or "", warning lines)`, what it finds wrong with the records the run
+    names, read from the files beside them (once their globs are known to match, still before TensorFlow)."""
 
     help: str = ""
     arguments: tuple[Argument, ...] = ()
     rule: Callable[[object, dict], str] | None = None
     fill: Callable[[dict], dict] | None = None
+    records: Callable[[object, dict], tuple[str, list[str]]] | None = None
 
     def values(self, given: dict) -> dict:
         """Every argument's value: `given`'s, else its default, as the default's type; then `fill`'s.
@@ -78,3 +81,7 @@ class Options:
                 shown = repr(value) if isinstance(value, str) else str(value)
                 return f"--{argument.flag} ({shown}) {problem}"
         return self.rule(config, values) if self.rule else ""
+
+    def check_records(self, config, given: dict) -> tuple[str, list[str]]:
+        """(the first problem with the run's records, or ""; the warning lines about them)."""
+        return self.records(config, self.values(given)) if self.records else ("", [])

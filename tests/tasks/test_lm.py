@@ -276,7 +276,10 @@ def test_features_preprocess_and_describe(tmp_path):
         (lambda d: os.remove(d / "vocab.json"), "vocab.json: No such file"),
         (lambda d: (d / "vocab.json").write_text("{"), "vocab.json is not JSON"),
         (lambda d: (d / "vocab.json").write_text('{"tokens": "word", "context": 8}'), "lacks a valid"),
-        (lambda d: (d / "vocab.json").write_text('{"tokens": "byte", "context": 9}'), "context 9, longer"),
+        (
+            lambda d: (d / "vocab.json").write_text('{"tokens": "byte", "context": 9}'),
+            r"written for context 9 \(.*vocab.json\), longer than the model's context 8 \(--lm_context\)",
+        ),
     ],
 )
 def test_bad_vocab_is_one_line_naming_the_file(tmp_path, damage, message):
@@ -285,6 +288,26 @@ def test_bad_vocab_is_one_line_naming_the_file(tmp_path, damage, message):
     with pytest.raises(DataError, match=message) as info:
         task.vocab_size  # noqa: B018
     assert str(tmp_path / "vocab.json") in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.quick
+def test_records_of_a_shorter_context_are_read_at_their_length_and_eval_of_another_vocabulary_refused(tmp_path):
+    """Records of context 8 under a model of context 32: the feature (and what the memory checks count at) is 9
+    tokens, not 33. Eval records beside a vocab.json of other characters: refused naming both files, as `python
+    -m trainer` refuses them before TensorFlow (tests/user/test_bad_input.py)."""
+    config = _config(tmp_path, context=8)
+    config.task.option_dict["context"] = 32
+    assert LanguageModel(config).features()["tokens"].max_length == 9
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "eval-00000-of-00001.tfrecord").write_bytes(b"")
+    (other / "vocab.json").write_text(json.dumps({"tokens": "char", "chars": list("xyz"), "context": 8}))
+    config.data.eval_data = str(other / "eval-*")
+    with pytest.raises(DataError, match="records of different vocabularies") as refused:
+        LanguageModel(config).vocab_size  # noqa: B018
+    assert f"{tmp_path}/vocab.json says char tokens, 7 characters, {other}/vocab.json says char tokens, 3" in str(
+        refused.value
+    )
 
 
 # Serving and the sampler.

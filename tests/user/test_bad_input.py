@@ -24,6 +24,13 @@ from tests.support.runs import cpu_flags, run_trainer
 # imported it).
 NO_TENSORFLOW = 'raise ImportError("TensorFlow was imported before the bad input was refused")\n'
 DATA = ["--num_classes=10", "--eval_data={tmp}/data/train-0*"]
+LM = ["--task=lm", "--train_data={tmp}/sw2000/t*"]
+# vocab.json as `python -m data.prepare text` writes it (what the checks before TensorFlow read of it)
+VOCABS = {
+    "sw2000": {"tokens": "subword", "vocab_size": 2000, "model_file": "subword.model", "model_sha256": "ab" * 32},
+    "sw1000": {"tokens": "subword", "vocab_size": 1000, "model_file": "subword.model", "model_sha256": "cd" * 32},
+    "byte": {"tokens": "byte", "vocab_size": 256},
+}
 
 
 def _tf_config(index: int, ports: str) -> dict:
@@ -129,6 +136,17 @@ ROWS = [
     ("no-match", ["--train_data={tmp}/none/*", *DATA], {}, "error: no files match --train_data pattern '{tmp}/none/*'"),
     ("dir-match", ["--train_data={tmp}/data/*", *DATA], {}, "error: --train_data pattern '{tmp}/data/*' matches the"),
     ("eval-none", ["--train_data={tmp}/data/t*", "--num_classes=10", "--eval_data={tmp}/e*"], {}, "error: no files"),
+    # token records (a vocab.json beside them, as `python -m data.prepare text` writes)
+    ("lm-no-task", ["--train_data={tmp}/sw2000/t*", "--eval_data={tmp}/sw2000/t*"], {}, "error: --train_data holds"),
+    ("lm-vocab", [*LM, "--eval_data={tmp}/sw1000/t*"], {}, "error: --train_data and --eval_data are records of diff"),
+    ("lm-tokens", [*LM, "--eval_data={tmp}/byte/t*"], {}, "error: --train_data and --eval_data are records of diff"),
+    ("lm-context", [*LM, "--eval_data={tmp}/sw2000/t*", "--lm_context=32"], {}, "error: the records were written"),
+    (
+        "lm-shards",
+        [*LM, "--eval_data={tmp}/sw2000/t*", "--num_gpus=2", "--tensor_parallel=2", "--lm_heads=3", "--lm_width=96"],
+        {},
+        "error: --tensor_parallel (2, the shard count without --tensor_shards) must divide --lm_heads (3)",
+    ),
     # directories
     ("dir-is-file", ["--model_dir={tmp}/file"], {}, "error: --model_dir={tmp}/file is a file, not a directory"),
     ("dir-in-file", ["--model_dir={tmp}/file/run"], {}, "error: --model_dir={tmp}/file/run: a part of the path"),
@@ -157,6 +175,10 @@ def places(tmp_path_factory):
     (tmp / "nested.txt").write_text(f"--flagfile={tmp}/missing.txt\n")
     (tmp / "binary.txt").write_bytes(b"\xff\xfe--seed=1\n")
     (tmp / "dashless.txt").write_text("seed=1\n")
+    for name, vocab in VOCABS.items():
+        (tmp / name).mkdir()
+        (tmp / name / "train-00000-of-00001.tfrecord").write_bytes(b"")
+        (tmp / name / "vocab.json").write_text(json.dumps({**vocab, "context": 64}))
     (tmp / "guard" / "tensorflow").mkdir(parents=True)
     (tmp / "guard" / "tensorflow" / "__init__.py").write_text(NO_TENSORFLOW)
     held = socket.socket()

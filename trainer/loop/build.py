@@ -146,7 +146,7 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
     owner; with pipeline stages, each on its stage's device of the first pipeline; with tensor-parallel towers,
     each shard's on its device of the (stage's) tower, the rest on the tower's first device."""
     plan, split = config.towers.pipeline, config.towers.tensor
-    build_fn = lambda: layout.split(task.build_model(), split.layout, split.shards)  # noqa: E731
+    build_fn = lambda: layout.split(task.build_model(), split.layout, split.shards, split.shards_named)  # noqa: E731
     reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
     if plan.stages > 1 or split.parallel > 1:
         owners_of = lambda model: _stage_and_shard_owners(model, plan, split)  # noqa: E731
@@ -163,11 +163,11 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
 
 
 def _check_shards(model, split) -> None:
-    """Raises ConfigError when --tensor_shards asks for shards the model does not have (at any T)."""
+    """Raises ConfigError when --tensor_shards (or T without it) asks for shards the model does not have."""
     if sharded.shard_count(model) != split.shards:
         raise ConfigError(
-            f"--tensor_shards={split.shards} (--tensor_parallel={split.parallel}) needs a model whose layers are "
-            f"split into {split.shards} shards; model {model.name!r} has {sharded.shard_count(model)} "
+            f"{split.shards_named} needs a model whose layers are split into {split.shards} shards; model "
+            f"{model.name!r} has {sharded.shard_count(model)} "
             "(name its Dense layers to split with --tensor_layout, or build it of models.sharded layers as the "
             "built-in language model is; docs/tensor_parallel.md)"
         )

@@ -214,7 +214,8 @@ class TowerConfig:
     def tensor(self) -> TensorSplit:
         """The --tensor_* settings as one value, what the model, the placement and the runners read."""
         layout = layout_pairs(self.tensor_layout)
-        return TensorSplit(self.tensor_parallel, self.tensor_shards or self.tensor_parallel, layout)
+        shards = self.tensor_shards or self.tensor_parallel
+        return TensorSplit(self.tensor_parallel, shards, layout, shards_set=bool(self.tensor_shards))
 
     @property
     def towers_per_task(self) -> int:

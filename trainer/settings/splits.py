@@ -79,6 +79,15 @@ class TensorSplit:
     parallel: int = 1  # T: devices per tower
     shards: int = 1  # N: shards per layer; every T dividing N gives the same bits
     layout: tuple[tuple[str, str], ...] = ()  # (layer-name pattern, "column" or "row"): a user's model (models.layout)
+    shards_set: bool = True  # --tensor_shards given; else `shards` is --tensor_parallel's T
+
+    @property
+    def shards_named(self) -> str:
+        """The shard count as the flag the user set: "--tensor_shards (4)", or "--tensor_parallel (2)" when
+        --tensor_shards is not set and T is the shard count."""
+        if self.shards_set:
+            return f"--tensor_shards ({self.shards})"
+        return f"--tensor_parallel ({self.parallel}, the shard count without --tensor_shards)"
 
     def check(self, towers, mode_runs_pipelines: bool) -> None:
         """Every rule of --tensor_parallel and --tensor_shards, in one place (`modes.settle` runs it).

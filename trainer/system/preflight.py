@@ -1,6 +1,7 @@
 """What a run needs of the machine, checked before TensorFlow is imported (seconds), so that bad input fails at
 once with one line naming the culprit (exit 2): a `--task` that names no task, a `--model_dir` that cannot be
-written, data globs that match nothing or match a directory, the digits cache's directory; with several tasks,
+written, data globs that match nothing or match a directory, records the task finds wrong (the language
+model's train and eval records of two vocabularies), the digits cache's directory; with several tasks,
 only this task's port held by another process (a chief failing before it connects could not tell its
 workers, which would wait).
 
@@ -16,6 +17,7 @@ import errno
 import glob
 import os
 import socket
+import sys
 import tempfile
 
 import tasks as tasks_lib
@@ -39,6 +41,7 @@ def check(config: RunConfig, tasks) -> None:
     if config.data.train_data:
         record_files(config.data.train_data, "--train_data")
         record_files(config.data.eval_data, "--eval_data")
+        task_records(config)
     else:
         from data.digits import default_cache_dir  # noqa: PLC0415 (numpy only)
 
@@ -81,6 +84,16 @@ def record_files(pattern: str, flag: str) -> None:
                 f"{flag} pattern '{part}' matches the directory {directories[0]}, not a TFRecord file; narrow the "
                 f"glob to the record files"
             )
+
+
+def task_records(config: RunConfig) -> None:
+    """What the task finds wrong with the records (the language model: train and eval of one vocabulary), a
+    refusal; what it warns of, one stderr line each."""
+    problem, warnings = tasks_lib.check_records(config)
+    if problem:
+        raise ConfigError(problem)
+    for line in warnings:
+        print(line, file=sys.stderr, flush=True)
 
 
 def port_free(tasks) -> None:
