@@ -27,10 +27,19 @@ PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.pat
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 PYTHON_M = re.compile(r"\bpython (?:-u )?-m [\w.]+")
 # A synopsis's placeholders, as whole words, and a value of the option's type for each.
-PLACEHOLDERS = {"N": "1000", "S": "1", "T": "0.8", "K": "40", "TEXT": "The", "A": "acct", "$USER": "me"}
+PLACEHOLDERS = {
+    "N": "1000",
+    "S": "1",
+    "T": "0.8",
+    "K": "40",
+    "TEXT": "The",
+    "A": "acct",
+    "$USER": "me",
+    "$step": "4242",
+}
 
 
-def _page(path: str) -> str:
+def page_text(path: str) -> str:
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         return f.read()
 
@@ -45,7 +54,7 @@ def doc_commands() -> list[tuple[str, str, bool]]:
     nothing (no `...`); prose names a command with some of its options."""
     found = []
     for page in PAGES:
-        text = _page(page)
+        text = page_text(page)
         for block in FENCE.finditer(text):
             if block.group(1) == "bash":
                 for line in block.group(2).replace("\\\n", " ").splitlines():
@@ -68,7 +77,7 @@ def doc_quotes() -> list[tuple[str, str]]:
     continuation), and every line of a refusal table (a table whose header names a `line` column)."""
     found = []
     for page in PAGES:
-        text = _page(page)
+        text = page_text(page)
         for block in FENCE.finditer(text):
             for quote in re.findall(r"^((?:error|warning): .*?)(?=\n\n|\Z)", block.group(2), re.S | re.M):
                 found.append((page, spaced(quote)))

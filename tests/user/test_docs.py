@@ -20,10 +20,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 
 import pytest
 
-from tests.support.doc_lines import arguments, doc_commands, doc_quotes, refusal, spaced, trainer_refusal
+from tests.support.doc_lines import (
+    PAGES,
+    PYTHON_M,
+    arguments,
+    doc_commands,
+    doc_quotes,
+    page_text,
+    refusal,
+    spaced,
+    trainer_refusal,
+)
 from tests.support.paths import ROOT
 from tests.user import test_bad_input
 
@@ -35,6 +46,14 @@ ILLUSTRATIVE = {
     "python -m benchmarks.machines NAME": "NAME stands for a command's name (the help lists them)",
     "python -m tests.support.corrupt_trials --trials=N": "N stands for a number of trials",
     "python -m trainer.system.console LEVEL": "the stderr filter towerflow starts itself, reading a task's stderr",
+}
+
+
+# Lines of bash blocks that are not towerflow's commands: (start of the line, why it is not run).
+SHELL_LINES = {
+    "pip install": "installs towerflow: every other test runs in what it installed",
+    "#!/bin/bash": "a batch script's first line",
+    "#SBATCH": "sbatch's directives in the script written by hand (the rendered script is compared whole)",
 }
 
 
@@ -79,6 +98,39 @@ def test_the_illustrative_commands_are_in_the_docs():
     commands = [c for _, c, _ in doc_commands()]
     stale = [c for c in ILLUSTRATIVE if not any(d.startswith(c) for d in commands)]
     assert not stale, stale
+
+
+@pytest.mark.quick
+def test_the_several_machine_script_is_what_the_launcher_renders(capsys):
+    """docs/slurm.md's script for two nodes is `launch.slurm --dry_run`'s for the options it names, without
+    the rendered script's comments, `set -eu`, `cd` and start line, in the doc's spelling of paths."""
+    from launch.submit import slurm
+
+    page = page_text("docs/slurm.md")
+    script = next(b for b in re.findall(r"```bash\n(#!/bin/bash\n.*?)```", page, re.S) if "--nodes=2" in b)
+    options = re.search(r"`python -m launch\.slurm (--model_dir[^`]*)` renders this script", page).group(1)
+    assert slurm.main(["--dry_run", *spaced(options).replace("$USER", "me").split(" ")]) == 0, capsys.readouterr()
+    rendered = capsys.readouterr().out.replace(sys.executable, "python")
+    rendered = rendered.replace("--output=/scratch/me/", "--output=/scratch/%u/").replace(
+        "/scratch/me/", "/scratch/$USER/"
+    )
+    skipped = ("# ", "set -eu", "cd ", 'echo "=== towerflow: job')
+    lines = [line for line in rendered.splitlines() if not line.startswith(skipped)]
+    assert script.splitlines() == lines
+
+
+@pytest.mark.quick
+def test_every_line_of_a_bash_block_is_checked():
+    """A bash block's line is a `python -m` command (checked above), a line of the rendered script (compared
+    above), or one of SHELL_LINES."""
+    unplaced = []
+    for page in PAGES:
+        for block in re.findall(r"^```bash\n(.*?)^```", page_text(page), re.S | re.M):
+            rendered = block.startswith("#!/bin/bash\n") and "--nodes=2" in block
+            for line in block.replace("\\\n", " ").splitlines():
+                if not (rendered or PYTHON_M.search(line) or line.startswith(tuple(SHELL_LINES))):
+                    unplaced.append(f"{page}: {line}")
+    assert not unplaced, unplaced
 
 
 # ---------------------------------------------------------------------------------------------- messages
