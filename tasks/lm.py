@@ -44,6 +44,7 @@ class LanguageModel(Task):
     name = "lm"
     metric_names = ("bits_per_byte", "accuracy")
     eval_metric = "loss"
+    model_facts = ("tokens", "vocab_size", "vocab", "subword_model_sha256")  # the vocabulary its weights are for
 
     def __init__(self, config):
         super().__init__(config)

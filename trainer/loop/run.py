@@ -52,7 +52,8 @@ def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None,
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
         task = tasks_lib.make_task(config)
-        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line, task_facts=task.describe())
+        facts = {"task_facts": task.describe(), "model_facts": task.model_facts}
+        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line, **facts)
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
         job = cluster_lib.slurm_job(os.environ)
