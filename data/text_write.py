@@ -54,6 +54,8 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
     chars = sorted(scanned.charset) if tokens == "char" else None
     info = {"tokens": tokens, **({"chars": chars} if chars is not None else {})}
     if tokens == "subword":
+        if cut == 0:  # said as byte and char tokens say it, not as SentencePiece's `!sentences_.empty()`
+            raise DataError(_no_record("train", 0, "byte"))
         model = subword.train_apart(paths, cut, options["vocab_size"], options["subword_model"])
         name = subword.MODEL_FILE
         with open(os.path.join(building, name), "wb") as f:
@@ -81,6 +83,13 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
     info["source_sha256"] = scanned.sha256
     info.update(counts)
     return info
+
+
+def _no_record(split: str, count: int, unit: str) -> str:
+    return (
+        f"the {split} split has {count} {unit}s, no record of 2 tokens or more: give more text or change "
+        "--eval_fraction"
+    )
 
 
 def _windows(tokens: int, context: int) -> int:
@@ -150,11 +159,7 @@ class _Splits:
         counts = {n: self.windows[n].tokens if tokens == "subword" else self.units[n] for n in SPLITS}
         for name in SPLITS:
             if not self.windows[name].records:
-                unit = "subword token" if tokens == "subword" else tokens
-                raise DataError(
-                    f"the {name} split has {counts[name]} {unit}s, no record of 2 tokens or more: "
-                    "give more text or change --eval_fraction"
-                )
+                raise DataError(_no_record(name, counts[name], "subword token" if tokens == "subword" else tokens))
         written = {name: self.shards[name].close() for name in SPLITS}
         return {
             "train_tokens": counts["train"],
