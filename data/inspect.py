@@ -113,8 +113,8 @@ def _detect_schema(features, path: str) -> ImageSchema | DenseSchema:
     raise DataError(
         f"cannot tell the schema of {path}: {_describe_keys(features)}. ImageSchema needs "
         f"'{schema_lib.IMAGE_ENCODED_KEY}' and '{schema_lib.IMAGE_LABEL_KEY}'; DenseSchema needs a float_list "
-        f"'{dense.feature_key}' and an int64 '{dense.label_key}' (or pass DenseSchema(feature_key=..., "
-        "label_key=...) for other keys)"
+        f"'{dense.feature_key}' and an int64 '{dense.label_key}' (for other keys pass --feature_key and "
+        "--label_key; in Python, DenseSchema(feature_key=..., label_key=...))"
     )
 
 

@@ -6,6 +6,7 @@
     python -m data.prepare synthetic /tmp/jpeg --format=jpeg --shape=375,500,3 --num_classes=1000 --num_examples=512
     python -m data.prepare text input.txt /tmp/shakespeare --context=256   # --tokens=byte, the default
     python -m data.prepare text input.txt /tmp/sp8k --tokens=subword --vocab_size=8000 --context=256
+    python -m data.prepare text 'src/**/*.py' /tmp/code   # a quoted glob: its files, any depth, sorted
 
 Each writes OUT_DIR/train-*-of-*, OUT_DIR/eval-*-of-* and OUT_DIR/info.json (counts, shape, num_classes,
 schema kind; `text` writes vocab.json instead, see data/text.py), and prints the two globs to pass as
@@ -62,7 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     synthetic.add_argument("--seed", type=int, default=0)
     text = commands.add_parser("text", help="UTF-8 text files -> token records for --task=lm (data/text.py)")
-    text.add_argument("files", nargs="+", metavar="FILES", help="UTF-8 text files, concatenated in this order")
+    text.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILES",
+        help="UTF-8 text files, concatenated in this order; a quoted glob ('src/**/*.py': ** at any depth) is "
+        "expanded here, its files in sorted order",
+    )
     text.add_argument("out_dir", metavar="OUT")
     text.add_argument(
         "--tokens",
@@ -107,9 +114,40 @@ def _check_text(args: argparse.Namespace) -> None:
     elif not subword.MIN_VOCAB <= args.vocab_size <= subword.MAX_VOCAB:
         raise DataError(f"--vocab_size ({args.vocab_size}) must be in [{subword.MIN_VOCAB}, {subword.MAX_VOCAB}]")
     args.subword_model = args.subword_model or "bpe"
-    for path in args.files:
-        if not os.path.isfile(path):
-            raise DataError(f"text file {path} does not exist; give UTF-8 text files before OUT")
+    args.files = [name for path in args.files for name in _text_files(path)]
+
+
+def _text_files(path: str) -> list[str]:
+    """`path` itself, or the files a glob matches (`**` any depth), in sorted order: the same list on any machine.
+
+    Raises:
+        DataError: a directory (naming a glob of its most common kind of file), a glob without files, a missing file.
+    """
+    if os.path.isfile(path):
+        return [path]
+    if os.path.isdir(path):
+        example = os.path.join(path, "**", f"*{_common_suffix(path)}")
+        raise DataError(
+            f"text file {path} is a directory: give its files, e.g. '{example}' (in quotes: expanded here, "
+            "recursively, in sorted order)"
+        )
+    if glob.has_magic(path):
+        files = sorted(name for name in glob.glob(path, recursive=True) if os.path.isfile(name))
+        if files:
+            return files
+        raise DataError(f"no text files match '{path}'; check the pattern")
+    raise DataError(f"text file {path} does not exist; give UTF-8 text files before OUT")
+
+
+def _common_suffix(directory: str) -> str:
+    """The most common file name suffix under `directory` (".py"), "" for none; hidden folders left out."""
+    counts: dict[str, int] = {}
+    for _root, folders, names in os.walk(directory):
+        folders[:] = [f for f in folders if not f.startswith((".", "__"))]
+        for name in names:
+            suffix = os.path.splitext(name)[1]
+            counts[suffix] = counts.get(suffix, 0) + 1
+    return min(counts, key=lambda suffix: (-counts[suffix], suffix)) if counts else ""
 
 
 def _check_synthetic(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

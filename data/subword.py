@@ -95,6 +95,8 @@ def _training_error(message: str, vocab_size: int) -> str:
         )
     if large := _TOO_LARGE.search(message):
         return f"--vocab_size ({vocab_size}) is too large for this text: SentencePiece finds at most {large.group(2)}"
+    if "!sentences_.empty()" in message:  # only blank lines: nothing to learn pieces from
+        return "the train split has no line of text, nothing to learn subword tokens from: give more text"
     return "SentencePiece could not train on this text: " + " ".join(message.split())[:300]
 
 

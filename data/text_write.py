@@ -61,6 +61,8 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
     info = {"tokens": tokens, **({"chars": chars} if chars is not None else {})}
     stream = options.get("progress")
     if tokens == "subword":
+        if cut == 0:  # said as byte and char tokens say it, not as SentencePiece's `!sentences_.empty()`
+            raise DataError(_no_record("train", 0, "byte"))
         what = f"training a {options['subword_model']} model of {options['vocab_size']} subword tokens"
         with shown(what, stream, detail=f"on the train split's {cut / 1e6:,.1f} MB"):
             model = subword.train_apart(paths, cut, options["vocab_size"], options["subword_model"])
@@ -92,6 +94,13 @@ def _write_into(building, paths, scanned, cut, tokens, context, documents, optio
     info["source_sha256"] = scanned.sha256
     info.update(counts)
     return info
+
+
+def _no_record(split: str, count: int, unit: str) -> str:
+    return (
+        f"the {split} split has {count} {unit}s, no record of 2 tokens or more: give more text or change "
+        "--eval_fraction"
+    )
 
 
 def _windows(tokens: int, context: int) -> int:
@@ -165,11 +174,7 @@ class _Splits:
         counts = {n: self.windows[n].tokens if tokens == "subword" else self.units[n] for n in SPLITS}
         for name in SPLITS:
             if not self.windows[name].records:
-                unit = "subword token" if tokens == "subword" else tokens
-                raise DataError(
-                    f"the {name} split has {counts[name]} {unit}s, no record of 2 tokens or more: "
-                    "give more text or change --eval_fraction"
-                )
+                raise DataError(_no_record(name, counts[name], "subword token" if tokens == "subword" else tokens))
         written = {name: self.shards[name].close() for name in SPLITS}
         return {
             "train_tokens": counts["train"],

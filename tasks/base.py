@@ -52,6 +52,9 @@ class Task:
     metric_names: tuple[str, ...] = ()
     eval_metric = "loss"
     records = "features"
+    # Keys of `describe()` the model's weights are made for (a vocabulary): a resume whose data changes one is
+    # refused, even with --allow_flag_changes, since the checkpoint's weights cannot serve the new records.
+    model_facts: tuple[str, ...] = ()
 
     def __init__(self, config):
         self.config = config

@@ -44,6 +44,7 @@ class LanguageModel(Task):
     name = "lm"
     metric_names = ("bits_per_byte", "accuracy")
     eval_metric = "loss"
+    model_facts = ("tokens", "vocab_size", "vocab", "subword_model_sha256")  # the vocabulary its weights are for
 
     def __init__(self, config):
         super().__init__(config)
@@ -60,7 +61,8 @@ class LanguageModel(Task):
         # Bounds: an id past the vocabulary fails the input pipeline naming its record (not the embedding).
         # Up to the records' own context + 1 (shorter than the model's: a warning at start), which the memory
         # checks then count at.
-        length = min(self.context, self.vocab["context"]) + 1
+        written = [self.vocab["context"]] + [found[1].get("context") for found in self._eval_vocab]
+        length = min(self.context, max(w for w in written if isinstance(w, int))) + 1
         return {text_data.TOKENS_KEY: Feature("int64", max_length=length, bounds=(0, self.vocab_size))}
 
     def preprocess(self, example, seed, training):
@@ -73,7 +75,8 @@ class LanguageModel(Task):
 
     @functools.cached_property
     def vocab(self) -> dict:
-        """vocab.json of the training records (data.text.read_vocab), checked against the context."""
+        """vocab.json of the training records (data.text.read_vocab), checked against the context and the eval
+        records' (as `python -m trainer` checks them before TensorFlow, tasks.lm_options: for a library run)."""
         train_data = getattr(self.config.data, "train_data", None)
         if train_data:
             files = list_files(train_data, what="train_data")
@@ -81,16 +84,21 @@ class LanguageModel(Task):
         else:
             path = text_data.ensure_default_lm_data(self.context, DEFAULT_TOKENS)[2]
         vocab = text_data.read_vocab(path)
-        if train_data:  # as `python -m trainer` checks them before TensorFlow (tasks.lm_options), for a library run
-            evaluation = getattr(self.config.data, "eval_data", None)
-            train = (path, vocab)
-            problem = text_vocab.mismatch(train, text_vocab.vocab_beside(evaluation) if evaluation else None)
-            if problem:
-                raise DataError(problem)
-        problem = text_vocab.context_problem((path, vocab), self.context)
+        evaluation = self._eval_vocab[0] if self._eval_vocab else None
+        problem = text_vocab.mismatch((path, vocab), evaluation)
+        for found in [(path, vocab), *self._eval_vocab]:
+            problem = problem or text_vocab.context_problem(found, self.context)
         if problem:
             raise DataError(f"task lm: {problem}")
         return vocab
+
+    @functools.cached_property
+    def _eval_vocab(self) -> list[tuple[str, dict]]:
+        """[(path, contents)] of the vocab.json beside own eval records, or []."""
+        data = self.config.data
+        evaluation = getattr(data, "eval_data", None) if getattr(data, "train_data", None) else None
+        found = text_vocab.vocab_beside(evaluation) if evaluation else None
+        return [found] if found else []
 
     @property
     def vocab_size(self) -> int:

@@ -334,3 +334,17 @@ def test_training_pipeline_resumes_exactly_from_the_position_its_batches_carry(t
     assert epoch0 != epoch1  # in a new order
     for cut in (1, 13, 14, 20, 27):
         assert batches(tuple(full[cut - 1][1]), 10) == full[cut : cut + 10], cut
+
+
+@pytest.mark.quick
+def test_token_records_read_as_labeled_records_suggest_the_language_model(tmp_path):
+    """Records of one int64 list `tokens` (`python -m data.prepare text`) read without --task=lm: the message
+    says what they are and what to pass, not which Python schema class to construct."""
+    schema = data.FeatureSchema.of({"tokens": data.Feature("int64", max_length=4)}, "lm")
+    data.write_feature_records(str(tmp_path / "train-00000-of-00001.tfrecord"), [{"tokens": [1, 2, 3]}], schema)
+    with pytest.raises(data.DataError) as refused:
+        data.inspect_records(str(tmp_path / "train-*"))
+    assert str(refused.value) == (
+        f"{tmp_path}/train-00000-of-00001.tfrecord holds the language model's token records (one int64 list "
+        "'tokens', `python -m data.prepare text`), not images or vectors with class labels; did you mean --task=lm?"
+    )

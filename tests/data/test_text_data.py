@@ -94,18 +94,45 @@ def test_paragraphs_one_record_each(tmp_path):
         (["TEXT", "OUT", "--tokens=byte", "--eval_fraction=1"], "--eval_fraction (1.0) must be in (0, 1)"),
         (["LATIN1", "OUT", "--tokens=char"], "is not UTF-8 (byte 3)"),
         (["SHORT", "OUT", "--tokens=char"], "the eval split has 1 chars"),
+        (["DIR", "OUT"], "src is a directory: give its files, e.g. 'SRC/**/*.py' (in quotes: expanded here,"),
+        (["NOGLOB", "OUT"], "no text files match 'SRC/**/*.md'; check the pattern"),
+        (["EMPTY", "OUT"], "error: the train split has 0 bytes, no record of 2 tokens or more: give more text"),
+        (  # as byte tokens say it, not SentencePiece's `Internal: src/trainer_interface.cc(433) [!sentences_.empty()]`
+            ["EMPTY", "OUT", "--tokens=subword", "--vocab_size=500"],
+            "error: the train split has 0 bytes, no record of 2 tokens or more: give more text",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
     (tmp_path / "text.txt").write_text("some text to split\n" * 3)
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
     (tmp_path / "short.txt").write_text("0123456789")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    for name in ("a.py", "pkg/b.py", "notes.txt"):
+        (tmp_path / "src" / name).write_text("text\n")
     names = {"TEXT": "text.txt", "LATIN1": "latin1.txt", "SHORT": "short.txt", "MISSING": "missing.txt"}
+    names.update(DIR="src", NOGLOB="src/**/*.md", EMPTY="empty.txt")
+    message = message.replace("SRC", str(tmp_path / "src"))
     argv = ["text", *(str(tmp_path / names[a]) if a in names else str(tmp_path / a) for a in args[:2]), *args[2:]]
     assert prepare.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     assert not (tmp_path / "OUT").exists()
+
+
+@pytest.mark.quick
+def test_a_quoted_glob_is_its_files_at_any_depth_in_sorted_order(tmp_path):
+    """'src/**/*.py' is the .py files of src and its folders, sorted by path: the records and vocab.json of the
+    same files listed in that order."""
+    for name, text in (("src/z.py", "zeta = 1\n" * 40), ("src/pkg/a.py", "alpha = 2\n" * 40), ("src/b.txt", "no\n")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert prepare.main(["text", str(tmp_path / "src" / "**" / "*.py"), str(tmp_path / "glob")]) == 0
+    listed = [str(tmp_path / "src" / "pkg" / "a.py"), str(tmp_path / "src" / "z.py")]
+    assert prepare.main(["text", *listed, str(tmp_path / "listed")]) == 0
+    for name in ("vocab.json", "train-00000-of-00004.tfrecord", "eval-00000-of-00001.tfrecord"):
+        assert (tmp_path / "glob" / name).read_bytes() == (tmp_path / "listed" / name).read_bytes(), name
 
 
 @pytest.mark.quick

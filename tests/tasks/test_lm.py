@@ -426,3 +426,26 @@ def test_sampler_bad_run_dir_is_one_line(tmp_path, capsys, exported_run, case, m
     assert sample.main([str(run_dir), "--prompt=az"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.quick
+def test_the_records_check_before_tensorflow_warns_of_a_shorter_context(tmp_path):
+    """What `python -m trainer` says before TensorFlow (tasks.check_records, run by trainer/system/preflight.py):
+    records of context 8 under --lm_preset=gpt2-small (context 1024) are one warning naming both contexts and
+    the flags; the same records' eval beside them, nothing more."""
+    import tasks
+
+    _config(tmp_path, context=8)
+    glob_ = str(tmp_path / "train-*")
+    config = types.SimpleNamespace(
+        task=types.SimpleNamespace(name="lm", options=(("preset", "gpt2-small"),)),
+        towers=cfg.TowerConfig(),
+        data=types.SimpleNamespace(train_data=glob_, eval_data=glob_),
+    )
+    problem, warnings = tasks.check_records(config)
+    assert problem == "" and warnings == [
+        f"warning: the records were written for context 8 ({tmp_path}/vocab.json) and the model's context is 1024 "
+        "(--lm_context, set by --lm_preset=gpt2-small): it trains on windows of at most 8 tokens, positions past "
+        "them never; rewrite the records with `python -m data.prepare text ... --context=1024`, or pass "
+        "--lm_context=8"
+    ]

@@ -98,3 +98,46 @@ def test_the_run_prints_only_towerflows_lines(run):
     out, err = (run / "run.stdout").read_text(), (run / "run.stderr").read_text()
     assert foreign_lines(out, err) == [] and err == "", err[-2000:]
     assert "eval at step 3: loss" in out and "exported to export/3" in out
+
+
+def test_records_of_another_vocabulary_are_refused_for_eval_and_for_a_resume(run, tmp_path):
+    """The user of #54: train records of one vocabulary (400) with eval records of another (500) are one line
+    naming both folders (exit 2, nothing trained); resuming the run on the other records names the data's facts
+    in words, never the model's base64, and does not offer --allow_flag_changes, which could not load the
+    weights (nor does it take it)."""
+    import contextlib
+    import io
+    import os
+    import shutil
+
+    from data import prepare
+    from tests.support.runs import LM_SIZES, run_trainer
+
+    other = tmp_path / "other"
+    argv = ["text", str(run / "text.txt"), str(other), "--context=32", "--tokens=subword", "--vocab_size=500"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert prepare.main(argv) == 0
+    shutil.copytree(run / "run", tmp_path / "run")
+    ours = [f"--train_data={run / 'records' / 'train-*'}", f"--eval_data={other / 'eval-*'}"]
+    theirs = [f"--train_data={other / 'train-*'}", f"--eval_data={other / 'eval-*'}"]
+    common = ["--device=cpu", "--task=lm", *LM_SIZES, "--train_steps=6", "--global_batch_size=16"]
+    for data, model_dir, allow, words in (
+        (
+            ours,
+            tmp_path / "fresh",
+            [],
+            (
+                f"{run}/records/vocab.json says subword tokens, 400 of",
+                f"{other}/vocab.json says subword tokens, 500 of",
+            ),
+        ),
+        (theirs, tmp_path / "run", [], ("the data's vocab size: 400 -> 500): its weights are for another vocab",)),
+        (theirs, tmp_path / "run", ["--allow_flag_changes"], ("its weights are for another vocabulary",)),
+    ):
+        done = run_trainer(*common, *data, f"--model_dir={model_dir}", *allow, env=dict(os.environ), timeout=300)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+        assert all(w in lines[0] for w in words), lines[0]
+        assert "--allow_flag_changes" not in lines[0] and "Cg4K" not in lines[0], lines[0]
+    assert not os.path.exists(tmp_path / "fresh" / "checkpoints")
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == sorted(os.listdir(run / "run" / "checkpoints"))

@@ -52,8 +52,9 @@ def train(run: RunConfig | modes.Plan, stop: stop_lib.StopRequest | None = None,
     os.makedirs(config.loop.model_dir, exist_ok=True)
     with rundir.RunLock(config.loop.model_dir), stop.handling():
         task = tasks_lib.make_task(config)
-        facts, by_name = task.describe(), task.named_model() is not None
-        rundir.check_resume(plan, config.loop.allow_flag_changes, log_line, facts, model_by_name=by_name)
+        facts = {"task_facts": task.describe(), "model_facts": task.model_facts}
+        by_name = task.named_model() is not None
+        rundir.check_resume(plan, config.loop.allow_flag_changes, log=log_line, **facts, model_by_name=by_name)
         rundir.record_flags(config.loop.model_dir, config.flags_text)
         attempts = attempts_lib.AttemptLog(config.loop.model_dir)
         job = cluster_lib.slurm_job(os.environ)

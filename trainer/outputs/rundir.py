@@ -134,15 +134,23 @@ def _jsonable(value):
 
 
 def check_resume(
-    plan: Plan, allow_changes: bool, log=print, task_facts: dict | None = None, model_by_name: bool = True
+    plan: Plan,
+    allow_changes: bool,
+    log=print,
+    task_facts: dict | None = None,
+    model_facts: tuple[str, ...] = (),
+    model_by_name: bool = True,
 ) -> None:
     """Refuses to resume a run whose defining settings `plan` changes; records them on a fresh start.
-    `task_facts` (the task's `describe()`, e.g. its corpus's sha256) define the run too, as `task.<key>`.
+    `task_facts` (the task's `describe()`, e.g. its corpus's sha256) define the run too, as `task.<key>`: what
+    the task says of its data, named as data, not as flags. A change of one of `model_facts` (the vocabulary the
+    weights are for) is refused even with `allow_changes`: the checkpoint cannot be loaded into the new model.
     `model_by_name`: the task builds the model `--model` names (`Task.named_model`); else `model.name` is not
     the run's setting, neither recorded nor compared (a run.json of 0.7.0 or earlier recorded it for every task).
 
     Raises:
-      RunDirError: listing each differing setting as `--flag: recorded -> now`, unless `allow_changes`.
+      RunDirError: listing each differing setting as `--flag: recorded -> now` and each data fact in words,
+        unless `allow_changes` and no model fact changed.
     """
     config = plan.config
     model_dir = config.loop.model_dir
@@ -154,18 +162,57 @@ def check_resume(
         recorded = _recorded_settings(path)
         free = plan.mode.resume_may_change | _other_tasks_arguments(recorded, current) | not_the_runs
         changed = sorted(k for k in (set(recorded) | set(current)) - free if recorded.get(k) != current.get(k))
-        changes = "; ".join(_change(k, recorded, current, config) for k in changed)
-        if changes and not allow_changes:
-            reproduce = "".join(f" --{table.flag_name(k)}={recorded[k]}" for k in changed if k in REPRODUCE)
-            raise RunDirError(
-                f"{model_dir} holds a run these flags would change ({changes}). Resume with its flags "
-                f"(--flagfile={os.path.join(model_dir, 'flags.txt')}{reproduce}), use a new --model_dir, or pass "
-                f"--allow_flag_changes to resume anyway (the run's settings are recorded in {path})"
-            )
+        facts = _data_facts(changed, recorded, current, config)
+        flags = [k for k in changed if k not in facts]
+        changes = "; ".join(
+            [_change(k, recorded, current, config) for k in flags] + _fact_words(facts, recorded, current)
+        )
+        if changes and (not allow_changes or any(k[len("task.") :] in model_facts for k in facts)):
+            raise RunDirError(_refusal(model_dir, path, changes, facts, model_facts, recorded, flags))
         if changes:
             log(f"resuming with changed settings (--allow_flag_changes): {changes}")
         _warn_if_schedule_stretched(config, log)
     report.write_json(path, current)
+
+
+def _data_facts(changed: list[str], recorded: dict, current: dict, config: RunConfig) -> list[str]:
+    """The changed `task.<key>` that are facts of the data (the task's `describe()`), not its arguments."""
+    arguments = {f"task.{name}" for name, _ in config.task.options} | {"task.name", "task.args"}
+    return [k for k in changed if k.startswith("task.") and k not in arguments and k not in table.BY_FIELD]
+
+
+def _refusal(model_dir, path, changes, facts, model_facts, recorded, flags) -> str:
+    """The refused resume's message: what changed, and what to do; --allow_flag_changes only where it works."""
+    flagfile = os.path.join(model_dir, "flags.txt")
+    reproduce = "".join(f" --{table.flag_name(k)}={recorded[k]}" for k in flags if k in REPRODUCE)
+    what = "holds a run of other data" if facts else "holds a run these flags would change"
+    if any(k[len("task.") :] in model_facts for k in facts):
+        return (
+            f"{model_dir} {what} ({changes}): its weights are for another vocabulary, which these records' model "
+            f"cannot load. Use a new --model_dir, or resume with the run's data and flags (--flagfile={flagfile})"
+        )
+    return (
+        f"{model_dir} {what} ({changes}). Resume with its flags (--flagfile={flagfile}{reproduce}), use a new "
+        f"--model_dir, or pass --allow_flag_changes to resume anyway (the run's settings are recorded in {path})"
+    )
+
+
+def _fact_words(facts: list[str], recorded: dict, current: dict) -> list[str]:
+    """Each changed data fact as `the data's <name in words>: recorded -> now`, a hash by its first 12 digits, a long
+    value (a model file's base64) by its length, or left out when its own sha256 is listed."""
+    shown = [k for k in facts if f"{k}_sha256" not in facts]
+    names = {k: k[len("task.") :].replace("_", " ") for k in shown}
+    return [f"the data's {names[k]}: {_fact(recorded.get(k))} -> {_fact(current.get(k))}" for k in shown]
+
+
+def _fact(value) -> str:
+    if isinstance(value, list):
+        return f"{len(value)} entries"
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    if isinstance(value, str) and len(value) > 40:
+        return f"a value of {len(value)} characters"
+    return "none" if value is None else str(value)
 
 
 def _other_tasks_arguments(recorded: dict, current: dict) -> set[str]:

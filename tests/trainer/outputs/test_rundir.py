@@ -287,3 +287,40 @@ def test_a_long_task_fact_is_cut_in_the_resume_message():
     model = "A" * 50_000 + "Z"
     assert rundir._short(model) == f"{repr(model)[:60]}...{repr(model)[-60:]} (50003 characters)"
     assert rundir._short("bpe") == "'bpe'" and rundir._short(None) == "None"
+
+
+SUBWORD_FACTS = {"source_sha256": "1" * 64, "tokens": "subword", "vocab_size": 2000, "vocab": None}
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "now, allow, words, suggested",
+    [
+        (  # another vocabulary: the weights cannot load, so --allow_flag_changes is neither offered nor taken
+            {**SUBWORD_FACTS, "vocab_size": 1000, "subword_model": "B" * 9000, "subword_model_sha256": "b" * 64},
+            True,
+            "the data's subword model sha256: aaaaaaaaaaaa -> bbbbbbbbbbbb; the data's vocab size: 2000 -> 1000): "
+            "its weights are for another vocabulary",
+            False,
+        ),
+        (  # the same vocabulary over another text: a resume on it may be asked for
+            {**SUBWORD_FACTS, "source_sha256": "2" * 64, "subword_model": "A" * 9000, "subword_model_sha256": "a" * 64},
+            False,
+            "holds a run of other data (the data's source sha256: 111111111111 -> 222222222222). Resume",
+            True,
+        ),
+    ],
+    ids=["vocabulary", "text"],
+)
+def test_a_resume_on_other_data_says_what_of_the_data_changed(make_config, tmp_path, now, allow, words, suggested):
+    """The task's facts are named as the data's, in words (a hash by 12 digits, never the model's base64), not as
+    flags; --allow_flag_changes is suggested only where it can resume."""
+    lm = make_config(task={"name": "lm"})
+    before = {**SUBWORD_FACTS, "subword_model": "A" * 9000, "subword_model_sha256": "a" * 64}
+    _run_json(make_config, tmp_path, lm, **{f"task.{k}": v for k, v in before.items()})
+    facts = {"task_facts": now, "model_facts": ("tokens", "vocab_size", "vocab", "subword_model_sha256")}
+    with pytest.raises(rundir.RunDirError) as refused:
+        rundir.check_resume(settle(lm), allow_changes=allow, **facts)
+    message = str(refused.value)
+    assert words in message and "AAAA" not in message and "--subword_model" not in message, message
+    assert ("--allow_flag_changes" in message) == suggested, message
