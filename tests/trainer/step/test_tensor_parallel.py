@@ -3,7 +3,8 @@
 What the issue promises: at a fixed shard count, every T dividing it gives the weights of one device bit for bit,
 with data parallelism (D x T) and pipeline stages (S x T) too; a checkpoint does not depend on T (saved at T = 2,
 resumed at T = 4); the step-memory check knows the split (a model refused at T = 1 trains at T = 4, the run
-that shows T = 4's bits); what a user can get wrong is refused in one line. The model: the built-in Transformer
+that shows T = 4's bits); a vocabulary N does not divide is padded, with the same bits at T = 1 and 4; what a
+user can get wrong is refused in one line. The model: the built-in Transformer
 on byte tokens (a vocabulary of 256, which 4 shards divide), one block of 4 heads, width 128 (about 4 MiB of
 variables, slots and gradients), N = 4. A constant learning rate: the resumed run's first part stops early
 without its schedule ending there.
@@ -24,18 +25,21 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def byte_records(tmp_path_factory):
     """Byte-token records (context 16) of the built-in corpus's first 6,000 characters: every record full."""
+    return _records(tmp_path_factory.mktemp("bytes"), "byte")
+
+
+def _records(root, tokens: str) -> dict:
     from data import prepare
     from data import text as text_data
 
-    root = tmp_path_factory.mktemp("bytes")
     (root / "text.txt").write_text(text_data.default_corpus()[0][:6000], encoding="utf-8")
-    argv = ["text", str(root / "text.txt"), str(root / "records"), "--context=16", "--tokens=byte"]
+    argv = ["text", str(root / "text.txt"), str(root / "records"), "--context=16", f"--tokens={tokens}"]
     with contextlib.redirect_stdout(io.StringIO()):
         assert prepare.main(argv) == 0
     return {"train_data": str(root / "records" / "train-*"), "eval_data": str(root / "records" / "eval-*")}
 
 
-def _config(make_config, byte_records, model_dir, num_towers: int, parallel: int, stages: int = 1, **loop):
+def _config(make_config, byte_records, model_dir, num_towers: int, parallel: int, stages=1, width=128, **loop):
     config = make_config(
         model_dir=model_dir,
         towers={
@@ -50,7 +54,7 @@ def _config(make_config, byte_records, model_dir, num_towers: int, parallel: int
         data=byte_records,
         optimizer={"name": "adamw", "learning_rate": 0.003, "schedule": "constant"},
     )
-    task = cfg.TaskConfig(name="lm", options={"layers": 1, "heads": 4, "width": 128, "context": 16})
+    task = cfg.TaskConfig(name="lm", options={"layers": 1, "heads": 4, "width": width, "context": 16})
     return dataclasses.replace(config, task=task)
 
 
@@ -76,6 +80,20 @@ def test_every_split_gives_the_weights_of_one_device(
     assert result["weights_sha256"] == one_device["weights_sha256"]
     assert result["train_loss"] == one_device["train_loss"]
     assert result["global_step"] == STEPS
+
+
+def test_a_padded_vocabulary_gives_the_weights_of_one_device_at_t4(make_config, tmp_path):
+    """Char tokens of the same 6,000 characters: a vocabulary of 62, which N = 4 does not divide, padded to 64
+    (models.vocab_shards). T = 1 and T = 4 train the same weights bit for bit, and metrics.json says the padding."""
+    from trainer.loop.run import train
+
+    chars, runs = _records(tmp_path, "char"), []
+    for t in (1, 4):
+        runs.append(train(_config(make_config, chars, tmp_path / f"t{t}", t, t, width=32, train_steps=2)))
+    assert runs[0]["weights_sha256"] == runs[1]["weights_sha256"]
+    assert runs[0]["train_loss"] == runs[1]["train_loss"]
+    padding = {"vocabulary": 62, "padded": 64, "shards": N, "rows": 2, "parameters": 2 * 2 * 32}
+    assert [run["tensor_parallel"]["vocab_padding"] for run in runs] == [padding, padding]
 
 
 def test_a_run_saved_at_t2_resumes_at_t4_with_the_weights_of_one_device(
@@ -155,13 +173,13 @@ def test_a_model_without_split_layers_is_refused(make_config, tmp_path, parallel
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("heads, vocab, what", [(3, 256, "heads"), (4, 65, "vocabulary")])
-def test_shards_that_do_not_divide_the_model_are_refused(heads, vocab, what):
+def test_shards_that_do_not_divide_the_heads_are_refused():
+    """Heads cannot be padded (the vocabulary is: tests/models/test_sharded.py)."""
     from models.registry import ModelError
     from models.transformer import transformer_lm
 
-    with pytest.raises(ModelError, match=rf"--tensor_shards \(4\) must divide the {what}"):
-        transformer_lm(vocab, layers=1, heads=heads, width=12 * heads, context=8, shards=4)
+    with pytest.raises(ModelError, match=r"--tensor_shards \(4\) must divide the heads \(3\)"):
+        transformer_lm(65, layers=1, heads=3, width=36, context=8, shards=4)
 
 
 def test_two_tasks_of_t2_killed_after_a_checkpoint_resume_in_one_process_at_t4_bitwise(
