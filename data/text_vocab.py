@@ -46,15 +46,6 @@ def describe(info: dict) -> str:
     return f"{tokens} tokens"
 
 
-def size(info: dict) -> int | None:
-    """The vocabulary's size (tokens.lm's vocab_size), or None when vocab.json does not say it."""
-    tokens = info.get("tokens")
-    if tokens == "char":
-        return len(info.get("chars") or []) or None
-    value = 256 if tokens == "byte" else info.get("vocab_size")
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def _identity(info: dict) -> tuple:
     return info.get("tokens"), info.get("vocab_size"), info.get("chars"), info.get("model_sha256")
 

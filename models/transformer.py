@@ -60,18 +60,20 @@ def transformer_lm(
       positions: "learned" (absolute embeddings, GPT-2) or "rotary" (RoPE on queries and keys, no weights).
       dropout: Dropout rate after attention weights, each residual branch and the embeddings (training only).
       shards: Tensor-parallel shards of every wide layer (`models.sharded`): attention by heads, the MLP by
-        columns then rows, the embedding and the head by vocabulary; it must divide heads and vocab_size. With
-        more than 1 the logits are a tuple of vocabulary shards (`vocab_shards.cross_entropy`, `vocab_shards.whole`).
+        columns then rows, the embedding and the head by vocabulary; it must divide heads. A vocabulary it does
+        not divide is padded to the next multiple (`models.vocab_shards`: rows no token uses, masked out of the
+        logits). With more than 1 the logits are a tuple of vocabulary shards (`vocab_shards.cross_entropy`,
+        `vocab_shards.whole`).
 
     Returns:
       A built ``TransformerLM``: ids int32 [B, T] or (ids, lengths int32 [B]) -> logits float32 [B, T, vocab].
 
     Raises:
       ModelError: For a size that is not positive, heads not dividing width, an odd rotary head size, an
-        unknown ``positions``, a dropout rate outside [0, 1), or shards not dividing heads or vocab_size.
+        unknown ``positions``, a dropout rate outside [0, 1), or shards not dividing heads.
     """
     _check_sizes(vocab_size, layers, heads, width, context, positions, dropout)
-    _check_shards(shards, heads, vocab_size)
+    _check_shards(shards, heads)
     model = TransformerLM(
         vocab_size, layers, heads, width, context, positions, dropout, shards=shards, name="transformer_lm"
     )
@@ -103,16 +105,15 @@ def _check_sizes(vocab_size, layers_, heads, width, context, positions, dropout)
         raise ModelError(f"transformer_lm: dropout ({dropout}) must be in [0, 1)")
 
 
-def _check_shards(shards, heads, vocab_size) -> None:
+def _check_shards(shards, heads) -> None:
+    """Heads cannot be padded (a padded head would change the attention's output); the vocabulary is."""
     if not isinstance(shards, int) or shards < 1:
         raise ModelError(f"transformer_lm: shards ({shards!r}) must be a positive integer")
-    for name, size in (("heads", heads), ("vocabulary", vocab_size)):
-        if size % shards:
-            raise ModelError(
-                f"transformer_lm: --tensor_shards ({shards}) must divide the {name} ({size}): each shard holds "
-                f"an equal slice of it; pick a shard count that divides both heads ({heads}) and vocabulary "
-                f"({vocab_size})"
-            )
+    if heads % shards:
+        raise ModelError(
+            f"transformer_lm: --tensor_shards ({shards}) must divide the heads ({heads}): each shard holds an "
+            f"equal slice of them; pick a shard count that divides {heads}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="towerflow")
@@ -189,7 +190,7 @@ class TransformerLM(keras.Model):
         for block, pair in zip(self.blocks, cache, strict=True):
             x, pair = block.cached_call(x, mask, positions, pair)
             kept.append(pair)
-        return vocab_shards.whole(self._head((x,), False)), tuple(kept)
+        return vocab_shards.whole(self._head((x,), False), self.vocab_size), tuple(kept)
 
     def _head(self, carried, training):
         logits = self.head(self.final_norm(carried[0]))  # a tuple of float32 vocabulary shards when sharded

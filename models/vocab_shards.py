@@ -1,7 +1,14 @@
 """The vocabulary split over tensor-parallel shards, as Megatron-LM's vocabulary-parallel layers: the embedding
 by rows, the output head by columns, and the cross-entropy and arg-max computed on the head's shards, so no device
 holds a micro-batch's whole logits. Built on `models.sharded` (placement, the fixed tree, each shard's own pass);
-with one shard the built-in Transformer uses Keras's own layers instead (`models.transformer`)."""
+with one shard the built-in Transformer uses Keras's own layers instead (`models.transformer`).
+
+A vocabulary the shard count does not divide is padded, as Megatron-LM pads it (`--make-vocab-size-divisible-by`,
+here to a multiple of the shards only): each shard holds ceil(V/N) rows, the last ones no token uses. No id
+looks them up, and the head masks their logits to ``PADDED`` on their shard's device, so they take no part in
+the softmax (the loss is the unpadded vocabulary's V-way cross-entropy, and their columns get no gradient), the
+arg-max never picks them, and ``whole(logits, V)`` drops them before anything is served. A vocabulary the
+shards divide has no padding and no mask: the model is the one without this."""
 
 from __future__ import annotations
 
@@ -10,14 +17,44 @@ import tensorflow as tf
 
 from models.sharded import dense_parts, on_shard, run, tagged, to_shards, tree
 
+PADDED = -1e9  # a padded row's logit, float32: exp() of it less any real logit is 0, and no arg-max picks it
+
+
+def padded(vocab: int, shards: int) -> int:
+    """The rows ``vocab`` takes over ``shards`` equal shards: the next multiple of ``shards``."""
+    return -(-vocab // shards) * shards
+
+
+def padding(model) -> dict | None:
+    """What padding the model's vocabulary embedding added ({"vocabulary", "padded", "shards", "rows",
+    "parameters"}: the padded rows of the embedding and the head, counted at their width), or None."""
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, VocabEmbedding) and layer.vocab < layer.rows * layer.shards:
+            rows = layer.rows * layer.shards - layer.vocab
+            share = {"vocabulary": layer.vocab, "padded": layer.rows * layer.shards, "shards": layer.shards}
+            return {**share, "rows": rows, "parameters": 2 * rows * layer.width}
+    return None
+
+
+def describe_padding(facts: dict) -> str:
+    """`vocabulary 103 padded to 104 for 4 shards (+1 row: 0.97% of the embedding and the head, +256
+    parameters); never a target, masked out of the softmax`: the banner's line."""
+    rows, share = facts["rows"], 100 * facts["rows"] / facts["padded"]
+    return (
+        f"vocabulary {facts['vocabulary']} padded to {facts['padded']} for {facts['shards']} shards "
+        f"(+{rows} row{'' if rows == 1 else 's'}: {share:.2g}% of the embedding and the head, "
+        f"+{facts['parameters']:,} parameters); never a target, masked out of the softmax"
+    )
+
 
 class VocabEmbedding(keras.layers.Layer):
-    """An Embedding of ``vocab`` rows kept as ``shards`` slices of rows: shard k looks up the ids in its range
-    (others give zeros), and the shards' rows are added along the tree (one of them is not zero)."""
+    """An Embedding of ``vocab`` rows kept as ``shards`` slices of ceil(vocab/shards) rows (the last padded,
+    never looked up): shard k looks up the ids in its range (others give zeros), and the shards' rows are added
+    along the tree (one of them is not zero)."""
 
     def __init__(self, vocab: int, width: int, shards: int, **kwargs):
         super().__init__(**kwargs)
-        self.shards, self.rows = shards, vocab // shards
+        self.vocab, self.width, self.shards, self.rows = vocab, width, shards, padded(vocab, shards) // shards
         self.parts = [
             tagged(keras.layers.Embedding(self.rows, width, name=f"{self.name}_shard_{k}"), k) for k in range(shards)
         ]
@@ -37,20 +74,30 @@ class VocabEmbedding(keras.layers.Layer):
 
 
 class VocabHead(keras.layers.Layer):
-    """The output head (no bias) kept as ``shards`` slices of the vocabulary: gives each shard's logits, float32,
-    on its device. No device holds a micro-batch's whole logits: ``cross_entropy`` and ``argmax`` work on them."""
+    """The output head (no bias) kept as ``shards`` slices of the (padded) vocabulary: gives each shard's
+    logits, float32, on its device, a padded column's ``PADDED``. No device holds a micro-batch's whole logits:
+    ``cross_entropy`` and ``argmax`` work on them."""
 
     def __init__(self, vocab: int, shards: int, **kwargs):
         super().__init__(**kwargs)
-        self.shards = shards
-        self.parts = dense_parts(self.name, vocab // shards, shards, use_bias=False)
+        self.vocab, self.shards, self.rows = vocab, shards, padded(vocab, shards) // shards
+        self.parts = dense_parts(self.name, self.rows, shards, use_bias=False)
 
     def call(self, x):
         copies = to_shards(x, self.shards)
-        return tuple(
-            run(k, self.shards, lambda x, part=part: tf.cast(part(x), tf.float32), (copies[k],), (part,))
-            for k, part in enumerate(self.parts)
-        )
+        return tuple(run(k, self.shards, self._logits(k), (copies[k],), (part,)) for k, part in enumerate(self.parts))
+
+    def _logits(self, shard: int):
+        """Shard k's logits; where it holds padded columns, ``PADDED`` in them (no gradient reaches them)."""
+        real = min(max(self.vocab - shard * self.rows, 0), self.rows)
+
+        def logits(x):
+            found = tf.cast(self.parts[shard](x), tf.float32)
+            if real == self.rows:
+                return found
+            return tf.where(tf.range(self.rows) < real, found, tf.constant(PADDED, tf.float32))
+
+        return logits
 
 
 def cross_entropy(logits, targets):
@@ -104,6 +151,10 @@ def argmax(logits):
     return tree(best, higher)[1]
 
 
-def whole(logits):
-    """The logits as one tensor [..., V] (shards concatenated in order): for serving, on one device."""
-    return tf.concat(logits, axis=-1) if isinstance(logits, tuple) else logits
+def whole(logits, vocab: int):
+    """The logits as one tensor [..., vocab] (shards concatenated in order, the padded columns dropped): for
+    serving, on one device."""
+    if not isinstance(logits, tuple):
+        return logits
+    joined = tf.concat(logits, axis=-1)
+    return joined if joined.shape[-1] == vocab else joined[..., :vocab]

@@ -165,10 +165,10 @@ class LanguageModel(Task):
         lengths = tf.TensorSpec([None], tf.int32, name="lengths")
 
         def all_logits(tokens):
-            return {"logits": tf.cast(vocab_shards.whole(model(tokens, training=False)), tf.float32)}
+            return {"logits": tf.cast(vocab_shards.whole(model(tokens, training=False), self.vocab_size), tf.float32)}
 
         def next_token(tokens, lengths):
-            logits = tf.cast(vocab_shards.whole(model((tokens, lengths), training=False)), tf.float32)
+            logits = tf.cast(vocab_shards.whole(model((tokens, lengths), training=False), self.vocab_size), tf.float32)
             return {"logits": tf.gather(logits, lengths - 1, batch_dims=1)}  # [B, vocab] at each last real token
 
         return {

@@ -162,7 +162,8 @@ class Generator(tf.Module):
             return logits[:, -1], kept
 
         def window():
-            logits = vocab_shards.whole(self.model((ids[-context:][None], tf.fill([1], context)), training=False))
+            logits = self.model((ids[-context:][None], tf.fill([1], context)), training=False)
+            logits = vocab_shards.whole(logits, self.model.vocab_size)
             return tf.cast(logits, tf.float32)[:, -1], cache
 
         return tf.cond(length <= context, cached, window)

@@ -18,8 +18,8 @@ def _heads_divide_width(config, values: dict) -> str:
 
 
 def _shards_divide(config, size: int, named: str, what: str) -> str:
-    """The model's tensor shards (models.transformer) must divide its heads and its vocabulary; the problem
-    names the flag that set the shard count."""
+    """The model's tensor shards (models.transformer) must divide its heads (a vocabulary they do not divide is
+    padded, models.vocab_shards); the problem names the flag that set the shard count."""
     split = config.towers.tensor
     if size % split.shards == 0:
         return ""
@@ -41,9 +41,6 @@ def _records(config, values: dict) -> tuple[str, list[str]]:
     problem = text_vocab.mismatch(train, evaluation) or text_vocab.context_problem(train, context, flag)
     if not problem and evaluation is not None:
         problem = text_vocab.context_problem(evaluation, context, flag)
-    if not problem:
-        size = text_vocab.size(train[1])
-        problem = _shards_divide(config, size, f"the vocabulary of {train[0]}", "vocabulary") if size else ""
     warning = text_vocab.context_warning(train, context, flag)
     return problem, [warning] if warning else []
 

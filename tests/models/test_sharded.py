@@ -23,8 +23,8 @@ def model():
     return transformer_lm(256, layers=1, heads=4, width=16, context=8, shards=4)
 
 
-def _ids(batch=3, length=8, seed=0):
-    return tf.constant(np.random.RandomState(seed).randint(0, 256, (batch, length)), tf.int32)
+def _ids(batch=3, length=8, seed=0, vocab=256):
+    return tf.constant(np.random.RandomState(seed).randint(0, vocab, (batch, length)), tf.int32)
 
 
 def test_the_logits_come_as_four_vocabulary_shards(model):
@@ -36,10 +36,65 @@ def test_the_sharded_cross_entropy_and_argmax_are_those_of_the_whole_logits(mode
     from models import vocab_shards
 
     logits, targets = model(_ids()), _ids(seed=1)
-    whole = vocab_shards.whole(logits)
+    whole = vocab_shards.whole(logits, 256)
     expected = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=whole)
     np.testing.assert_allclose(vocab_shards.cross_entropy(logits, targets), expected, rtol=2e-6)
     np.testing.assert_array_equal(vocab_shards.argmax(logits), tf.argmax(whole, axis=-1, output_type=tf.int32))
+
+
+@pytest.mark.parametrize("vocab, rows", [(103, 26), (5, 2)], ids=["last-shard-part-padded", "a-shard-all-padded"])
+def test_a_padded_vocabulary_is_the_unpadded_softmax_and_never_picked(vocab, rows):
+    """V not divisible by 4: each shard has ceil(V/4) rows, the padded ones' logits are PADDED, so the sharded
+    cross-entropy is the V-way one of the served (V-column) logits, the arg-max and the export never see them,
+    and the loss gives their head columns no gradient."""
+    import keras
+
+    from models import vocab_shards
+    from models.transformer import transformer_lm
+
+    keras.utils.set_random_seed(3)
+    padded = transformer_lm(vocab, layers=1, heads=4, width=16, context=8, shards=4)
+    ids, targets = _ids(vocab=vocab), _ids(seed=1, vocab=vocab)
+    kernels = [part.kernel for part in padded.head.parts]
+
+    @tf.function  # a shard's backward is tf.gradients' (models.sharded.run): a graph
+    def step():
+        with tf.GradientTape() as tape:
+            logits = padded(ids)
+            loss = tf.reduce_sum(vocab_shards.cross_entropy(logits, targets))
+        return logits, tape.gradient(loss, kernels)
+
+    logits, grads = step()
+    assert [x.shape[-1] for x in logits] == [rows] * 4
+    served = vocab_shards.whole(logits, vocab)
+    assert served.shape[-1] == vocab and float(tf.reduce_min(served)) > vocab_shards.PADDED
+    expected = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=served)
+    np.testing.assert_allclose(vocab_shards.cross_entropy(logits, targets), expected, rtol=2e-6)
+    np.testing.assert_array_equal(vocab_shards.argmax(logits), tf.argmax(served, axis=-1, output_type=tf.int32))
+    flat = tf.concat(grads, axis=-1)  # [width, 4 * rows]: the padded columns last
+    assert float(tf.reduce_max(tf.abs(flat[:, vocab:]))) == 0.0 and float(tf.reduce_max(tf.abs(flat[:, :vocab]))) > 0
+    first, _ = padded.cached_call(ids[:1], 0, padded.empty_cache(1))
+    assert first.shape[-1] == vocab
+    facts = vocab_shards.padding(padded)
+    assert facts == {
+        "vocabulary": vocab,
+        "padded": 4 * rows,
+        "shards": 4,
+        "rows": 4 * rows - vocab,
+        "parameters": 2 * 16 * (4 * rows - vocab),
+    }
+
+
+def test_a_vocabulary_the_shards_divide_is_not_padded(model):
+    from models import vocab_shards
+
+    assert vocab_shards.padding(model) is None
+    assert vocab_shards.describe_padding(
+        {"vocabulary": 103, "padded": 104, "shards": 4, "rows": 1, "parameters": 256}
+    ) == (
+        "vocabulary 103 padded to 104 for 4 shards (+1 row: 0.96% of the embedding and the head, +256 parameters); "
+        "never a target, masked out of the softmax"
+    )
 
 
 def test_a_tie_goes_to_the_lowest_id_as_tf_argmax():
@@ -53,7 +108,7 @@ def test_the_cached_path_gives_the_full_calls_logits(model):
     from models import vocab_shards
 
     ids = _ids(batch=1)
-    full = vocab_shards.whole(model((ids, tf.fill([1], 8))))
+    full = vocab_shards.whole(model((ids, tf.fill([1], 8))), 256)
     first, cache = model.cached_call(ids[:, :5], 0, model.empty_cache(1))
     rest, _ = model.cached_call(ids[:, 5:], 5, cache)
     np.testing.assert_allclose(tf.concat([first, rest], axis=1), full, rtol=1e-5, atol=1e-6)

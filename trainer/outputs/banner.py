@@ -8,7 +8,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from models import sharded
+from models import sharded, vocab_shards
 from trainer.outputs.costs import cost_warnings
 from trainer.outputs.progress import format_duration
 from trainer.settings.config import RunConfig
@@ -79,7 +79,8 @@ def _tower_lines(placement, mode: str, split=None) -> list[str]:
 
 def _tensor_lines(model, split) -> list[str]:
     """`tensor     N shards per split layer, where: the split layers`, whenever the model is kept as shards (at
-    T = 1 too, where one device runs them all), or `--tensor_layout` was given."""
+    T = 1 too, where one device runs them all), or `--tensor_layout` was given; then the vocabulary's padding,
+    if the shards do not divide it (`models.vocab_shards`)."""
     if split.shards == 1:
         return ["tensor     --tensor_layout splits nothing at --tensor_shards=1"] if split.layout else []
     if split.parallel == 1:
@@ -89,7 +90,9 @@ def _tensor_lines(model, split) -> list[str]:
     named = [f"{name} ({how})" for name, how in sharded.split_layers(model)]
     if len(named) > 6:  # a Transformer's: its first and last, and how many
         named = [*named[:2], "...", named[-1], f"{len(named)} layers in all"]
-    return [f"tensor     {split.shards} shards per split layer, {where}: {', '.join(named)}"]
+    padding = vocab_shards.padding(model)  # a vocabulary the shards do not divide: what padding it costs
+    padded = [f"tensor     {vocab_shards.describe_padding(padding)}"] if padding else []
+    return [f"tensor     {split.shards} shards per split layer, {where}: {', '.join(named)}", *padded]
 
 
 def _micro_batches(k: int) -> str:

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from models import vocab_shards
 from trainer.outputs.costs import cost_warnings
 from trainer.step.core import spread
 from trainer.system import files, runtime, versions
@@ -113,10 +114,18 @@ def final_metrics(state, results: dict, examples_per_sec: float | None, attempts
         "weights_sha256": weights_sha256(state.model.variables),
         "weights_order": "model.variables (Keras tracking order), raw C-order bytes of each",
         "devices": state.placement.device_roles(t.pipeline.stages, t.tensor.shards),
-        "tensor_parallel": {"devices_per_tower": t.tensor.parallel, "shards": t.tensor.shards},
+        "tensor_parallel": _tensor_parallel(t.tensor, state.model),
         "versions": versions.describe(),
         "runtime": runtime.describe(),  # as TensorFlow reports it, not as the flags asked
         "cost_warnings": cost_warnings(config),  # settings measured slower on these devices; [] for none
     }
     metrics.update(state.plan.mode.run_metrics(config, state.updater))  # async: staleness
     return metrics
+
+
+def _tensor_parallel(split, model) -> dict:
+    """metrics.json's `tensor_parallel`: devices per tower and shards; and `vocab_padding` (vocabulary, padded,
+    shards, rows, parameters: `models.vocab_shards.padding`) only where the shards do not divide the vocabulary."""
+    padding = vocab_shards.padding(model)
+    padded = {"vocab_padding": padding} if padding else {}
+    return {"devices_per_tower": split.parallel, "shards": split.shards, **padded}

@@ -4,8 +4,9 @@ What the issue promises: at a fixed shard count, every T dividing it gives the w
 with data parallelism (D x T) and pipeline stages (S x T) too; a checkpoint does not depend on T (saved at T = 2,
 resumed at T = 4); the step-memory check knows the split (a model refused at T = 1 trains at T = 4, the run
 that shows T = 4's bits); what a user can get wrong is refused in one line. The model: the built-in Transformer
-on byte tokens (a vocabulary of 256, which 4 shards divide), one block of 4 heads, width 128 (about 4 MiB of
-variables, slots and gradients), N = 4. A constant learning rate: the resumed run's first part stops early
+on char tokens (a vocabulary of 62, which 4 shards do not divide: every run pads it to 64, so each layout also
+shows the padded vocabulary's bits), one block of 4 heads, width 128 (about 4 MiB of variables, slots and
+gradients), N = 4. A constant learning rate: the resumed run's first part stops early
 without its schedule ending there.
 """
 
@@ -22,20 +23,25 @@ STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def byte_records(tmp_path_factory):
-    """Byte-token records (context 16) of the built-in corpus's first 6,000 characters: every record full."""
+def records(tmp_path_factory):
+    """Char-token records (context 16) of the built-in corpus's first 6,000 characters: every record full, and
+    a vocabulary of 62 that N = 4 does not divide, so every layout below trains on the padded vocabulary
+    (64 rows: models.vocab_shards)."""
+    return _records(tmp_path_factory.mktemp("chars"), "char")
+
+
+def _records(root, tokens: str) -> dict:
     from data import prepare
     from data import text as text_data
 
-    root = tmp_path_factory.mktemp("bytes")
     (root / "text.txt").write_text(text_data.default_corpus()[0][:6000], encoding="utf-8")
-    argv = ["text", str(root / "text.txt"), str(root / "records"), "--context=16", "--tokens=byte"]
+    argv = ["text", str(root / "text.txt"), str(root / "records"), "--context=16", f"--tokens={tokens}"]
     with contextlib.redirect_stdout(io.StringIO()):
         assert prepare.main(argv) == 0
     return {"train_data": str(root / "records" / "train-*"), "eval_data": str(root / "records" / "eval-*")}
 
 
-def _config(make_config, byte_records, model_dir, num_towers: int, parallel: int, stages: int = 1, **loop):
+def _config(make_config, records, model_dir, num_towers: int, parallel: int, stages=1, width=128, **loop):
     config = make_config(
         model_dir=model_dir,
         towers={
@@ -47,19 +53,19 @@ def _config(make_config, byte_records, model_dir, num_towers: int, parallel: int
             "pipeline_stages": stages,
         },
         loop={"train_steps": STEPS, "log_every_steps": STEPS, **loop},
-        data=byte_records,
+        data=records,
         optimizer={"name": "adamw", "learning_rate": 0.003, "schedule": "constant"},
     )
-    task = cfg.TaskConfig(name="lm", options={"layers": 1, "heads": 4, "width": 128, "context": 16})
+    task = cfg.TaskConfig(name="lm", options={"layers": 1, "heads": 4, "width": width, "context": 16})
     return dataclasses.replace(config, task=task)
 
 
 @pytest.fixture(scope="module")
-def one_device(make_module_config, byte_records, tmp_path_factory):
+def one_device(make_module_config, records, tmp_path_factory):
     """One device holding all N shards of every layer, K = 2: the weights every layout must give."""
     from trainer.loop.run import train
 
-    return train(_config(make_module_config, byte_records, tmp_path_factory.mktemp("t1") / "run", 1, 1))
+    return train(_config(make_module_config, records, tmp_path_factory.mktemp("t1") / "run", 1, 1))
 
 
 @pytest.mark.parametrize(
@@ -68,31 +74,31 @@ def one_device(make_module_config, byte_records, tmp_path_factory):
     ids=["D2xT2", "S2xT2"],
 )
 def test_every_split_gives_the_weights_of_one_device(
-    make_config, byte_records, one_device, tmp_path, num_towers, parallel, stages
+    make_config, records, one_device, tmp_path, num_towers, parallel, stages
 ):
     from trainer.loop.run import train
 
-    result = train(_config(make_config, byte_records, tmp_path / "run", num_towers, parallel, stages))
+    result = train(_config(make_config, records, tmp_path / "run", num_towers, parallel, stages))
     assert result["weights_sha256"] == one_device["weights_sha256"]
     assert result["train_loss"] == one_device["train_loss"]
     assert result["global_step"] == STEPS
+    padding = {"vocabulary": 62, "padded": 64, "shards": N, "rows": 2, "parameters": 2 * 2 * 128}
+    assert [r["tensor_parallel"]["vocab_padding"] for r in (result, one_device)] == [padding, padding]
 
 
-def test_a_run_saved_at_t2_resumes_at_t4_with_the_weights_of_one_device(
-    make_config, byte_records, one_device, tmp_path
-):
+def test_a_run_saved_at_t2_resumes_at_t4_with_the_weights_of_one_device(make_config, records, one_device, tmp_path):
     """The shards are the variables, whatever T: the checkpoint of a T = 2 run is the T = 4 run's."""
     from trainer.loop.run import train
 
     model_dir = tmp_path / "run"
-    first = _config(make_config, byte_records, model_dir, 2, 2, checkpoint_every_steps=2)
+    first = _config(make_config, records, model_dir, 2, 2, checkpoint_every_steps=2)
     assert train(dataclasses.replace(first, loop=dataclasses.replace(first.loop, train_steps=2)))["global_step"] == 2
-    resumed = train(_config(make_config, byte_records, model_dir, 4, 4))
+    resumed = train(_config(make_config, records, model_dir, 4, 4))
     assert resumed["global_step"] == STEPS
     assert resumed["weights_sha256"] == one_device["weights_sha256"]
 
 
-def test_the_memory_check_knows_the_split(make_config, byte_records, one_device, tmp_path):
+def test_the_memory_check_knows_the_split(make_config, records, one_device, tmp_path):
     """Each device of a T = 4 tower holds a quarter of the shards' variables, slots and activations: a budget
     between the two needs refuses T = 1 in one line (the check `build` runs on the counted needs) and trains
     T = 4, with the weights of T = 1 unlimited."""
@@ -101,7 +107,7 @@ def test_the_memory_check_knows_the_split(make_config, byte_records, one_device,
     from trainer.step.memory import device_memory
 
     def needs(parallel):
-        trainer = build(_config(make_config, byte_records, tmp_path / f"probe{parallel}", parallel, parallel))
+        trainer = build(_config(make_config, records, tmp_path / f"probe{parallel}", parallel, parallel))
         return device_memory.needs(trainer.updater, trainer.optimizer, 17)
 
     whole, split = needs(1), needs(4)
@@ -113,7 +119,7 @@ def test_the_memory_check_knows_the_split(make_config, byte_records, one_device,
     with pytest.raises(cfg.ConfigError, match=r"--tensor_parallel") as refused:
         device_memory.check(whole, budget)
     assert "\n" not in str(refused.value)
-    four = _config(make_config, byte_records, tmp_path / "limited4", 4, 4)
+    four = _config(make_config, records, tmp_path / "limited4", 4, 4)
     four = dataclasses.replace(four, runtime=dataclasses.replace(four.runtime, device_memory_mb=budget))
     assert train(four)["weights_sha256"] == one_device["weights_sha256"]
 
@@ -155,18 +161,16 @@ def test_a_model_without_split_layers_is_refused(make_config, tmp_path, parallel
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("heads, vocab, what", [(3, 256, "heads"), (4, 65, "vocabulary")])
-def test_shards_that_do_not_divide_the_model_are_refused(heads, vocab, what):
+def test_shards_that_do_not_divide_the_heads_are_refused():
+    """Heads cannot be padded (the vocabulary is: tests/models/test_sharded.py)."""
     from models.registry import ModelError
     from models.transformer import transformer_lm
 
-    with pytest.raises(ModelError, match=rf"--tensor_shards \(4\) must divide the {what}"):
-        transformer_lm(vocab, layers=1, heads=heads, width=12 * heads, context=8, shards=4)
+    with pytest.raises(ModelError, match=r"--tensor_shards \(4\) must divide the heads \(3\)"):
+        transformer_lm(65, layers=1, heads=3, width=36, context=8, shards=4)
 
 
-def test_two_tasks_of_t2_killed_after_a_checkpoint_resume_in_one_process_at_t4_bitwise(
-    byte_records, one_device, tmp_path
-):
+def test_two_tasks_of_t2_killed_after_a_checkpoint_resume_in_one_process_at_t4_bitwise(records, one_device, tmp_path):
     """A tower within each machine, data parallel across machines (2 tasks x 1 tower of 2 devices, the shards'
     variables on task 0's), SIGKILLed after its step-2 checkpoint; one process of one tower of 4 devices resumes
     it: the weights of one device."""
@@ -175,8 +179,8 @@ def test_two_tasks_of_t2_killed_after_a_checkpoint_resume_in_one_process_at_t4_b
     from tests.support.cluster import Job, metrics, tf_config_envs
 
     flags = (
-        f"--train_data={byte_records['train_data']}",
-        f"--eval_data={byte_records['eval_data']}",
+        f"--train_data={records['train_data']}",
+        f"--eval_data={records['eval_data']}",
         *("--task=lm", "--lm_layers=1", "--lm_heads=4", "--lm_width=128", "--lm_context=16", "--seed=0"),
         *("--optimizer=adamw", "--learning_rate=0.003", "--lr_schedule=constant", "--global_batch_size=4"),
         *("--micro_batches=2", f"--tensor_shards={N}", f"--train_steps={STEPS}", "--checkpoint_every_steps=2"),
