@@ -137,15 +137,41 @@ ROWS = [
     ("dir-match", ["--train_data={tmp}/data/*", *DATA], {}, "error: --train_data pattern '{tmp}/data/*' matches the"),
     ("eval-none", ["--train_data={tmp}/data/t*", "--num_classes=10", "--eval_data={tmp}/e*"], {}, "error: no files"),
     # token records (a vocab.json beside them, as `python -m data.prepare text` writes)
-    ("lm-no-task", ["--train_data={tmp}/sw2000/t*", "--eval_data={tmp}/sw2000/t*"], {}, "error: --train_data holds"),
-    ("lm-vocab", [*LM, "--eval_data={tmp}/sw1000/t*"], {}, "error: --train_data and --eval_data are records of diff"),
-    ("lm-tokens", [*LM, "--eval_data={tmp}/byte/t*"], {}, "error: --train_data and --eval_data are records of diff"),
-    ("lm-context", [*LM, "--eval_data={tmp}/sw2000/t*", "--lm_context=32"], {}, "error: the records were written"),
+    (
+        "lm-no-task",
+        ["--train_data={tmp}/sw2000/t*", "--eval_data={tmp}/sw2000/t*"],
+        {},
+        "error: --train_data holds the language model's token records ({tmp}/sw2000/vocab.json: subword tokens, 2000 "
+        "of them (model sha256 abababababab)), not images or vectors with class labels; did you mean --task=lm?",
+    ),
+    (
+        "lm-vocab",
+        [*LM, "--eval_data={tmp}/sw1000/t*"],
+        {},
+        "error: --train_data and --eval_data are records of different vocabularies: {tmp}/sw2000/vocab.json says "
+        "subword tokens, 2000 of them (model sha256 abababababab), {tmp}/sw1000/vocab.json says subword tokens, 1000 "
+        "of them (model sha256 cdcdcdcdcdcd); prepare both from the same",
+    ),
+    (
+        "lm-tokens",
+        [*LM, "--eval_data={tmp}/byte/t*"],
+        {},
+        "error: --train_data and --eval_data are records of different vocabularies: {tmp}/sw2000/vocab.json says "
+        "subword tokens, 2000 of them (model sha256 abababababab), {tmp}/byte/vocab.json says byte tokens;",
+    ),
+    (
+        "lm-context",
+        [*LM, "--eval_data={tmp}/sw2000/t*", "--lm_context=32"],
+        {},
+        "error: the records were written for context 64 ({tmp}/sw2000/vocab.json), longer than the model's context 32 "
+        "(--lm_context): pass --lm_context=64, or rewrite the records",
+    ),
     (
         "lm-shards",
         [*LM, "--eval_data={tmp}/sw2000/t*", "--num_gpus=2", "--tensor_parallel=2", "--lm_heads=3", "--lm_width=96"],
         {},
-        "error: --tensor_parallel (2, the shard count without --tensor_shards) must divide --lm_heads (3)",
+        "error: --tensor_parallel (2, the shard count without --tensor_shards) must divide --lm_heads (3): each shard "
+        "holds an equal slice of the heads; use a shard count that divides 3",
     ),
     # directories
     ("dir-is-file", ["--model_dir={tmp}/file"], {}, "error: --model_dir={tmp}/file is a file, not a directory"),
