@@ -1,152 +1,147 @@
-"""A user's model split over the devices of a tower by a layout map (``--tensor_layout``).
+"""A model's layers split over the devices of a tower by a plan (``--tensor_layout``, or a built-in plan).
 
-A functional or Sequential Keras model names its layers. ``--tensor_layout=PATTERN=HOW,...`` says which Dense
-layers to split and how; a pattern matches a layer's whole name as a regular expression (as the keys of
-Keras's ``LayoutMap`` match variable paths):
+A plan is a tuple of (pattern, how). A pattern matches a layer's path as a whole regular expression (the
+layout-map convention): ``dense1`` for a layer of the model, ``transformer_layer_0/self_attention`` for a layer
+nested in another, ``.*feedforward_output_dense`` for every block's. How a matched layer splits:
 
-- ``column``: shard k keeps output columns [k*U/N, (k+1)*U/N) (Megatron's column-parallel layer);
-- ``row``: shard k keeps input rows, and the N partial products are added (row-parallel).
+- ``column`` / ``row``: a Dense layer by output columns or input rows (`models.split_dense`);
+- ``heads``: a ``keras.layers.MultiHeadAttention`` by heads, as one unit (`models.split_attention`).
 
-`split` rebuilds the model with each such layer replaced by a `ColumnDense` or `RowDense` of ``--tensor_shards``
-shards, whose shards start as the slices of that layer's own weights; every other layer is the same object,
-shared. So the split model computes the function of the model it was given (a row layer adds its partial
-products along the shards' fixed tree, not inside one matmul) and, as the built-in Transformer, trains the
+`split` replaces each matched layer by its split of ``--tensor_shards`` shards, whose shards start as the slices
+of that layer's own weights; every other layer is the same object. A layer of a functional or Sequential model's
+graph is replaced by rebuilding the graph (``keras.models.clone_model``); a layer nested in another layer (a
+Keras Hub ``TransformerDecoder``'s Dense and attention layers, inside a backbone inside the task's model) is
+replaced in its parent, in place (`models.surgery`). So the split model computes the function of the model it
+was given (a split layer adds its shards' partial products along the shards' fixed tree, not inside one
+matmul), is fine-tuned from its weights rather than re-initialised, and, as the built-in Transformer, trains the
 same bits at every ``--tensor_parallel`` dividing the shards.
 
-Called on its own, a column layer copies its input to each shard's device and gathers the shards' outputs on
-shard 0's; a row layer cuts its input into the shards' slices there and adds the partial products. A row layer
-whose input is a column layer's output directly (Dense -> Dense, as in a Transformer's MLP) takes the column
-shards' outputs where they are, Megatron's pairing: the gather is left unused (`sharded.parts_of`). A layer
-between them (a Dropout, a LayerNorm), or a pipeline stage's cut, needs the whole tensor and gets it: the same
-bits, more traffic.
+A model that holds layers of a known kind gets a built-in plan when the run splits it and no plan is given
+(`plan_for`): Keras Hub's ``TransformerDecoder`` blocks (GPT-2 and its kin): attention by heads, the MLP by
+columns then rows; Keras Hub's Llama blocks: the SwiGLU MLP (gate and up by columns, down by rows).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import keras
-import tensorflow as tf
 from keras.src.models.functional import Functional  # what keras.models.clone_model rebuilds
 
-from models import sharded
+from models import sharded, split_attention, split_dense, surgery
 from models.registry import ModelError
+
+SPLITS = {  # how -> (the split layer of a layer, the check that refuses what it cannot split)
+    "column": (split_dense.ColumnDense.of, functools.partial(split_dense.check, how="column")),
+    "row": (split_dense.RowDense.of, functools.partial(split_dense.check, how="row")),
+    "heads": (split_attention.HeadsAttention.of, split_attention.check),
+}
+HOWS = tuple(SPLITS)
+
+_MLP = ((".*feedforward_intermediate_dense", "column"), (".*feedforward_output_dense", "row"))
+BUILT_IN = {
+    # (module prefix, class name) of a block a model holds -> the plan that splits it
+    ("keras_hub", "TransformerDecoder"): ((".*self_attention", "heads"), *_MLP),
+    ("keras_hub", "LlamaTransformerDecoder"): ((".*feedforward_gate_dense", "column"), *_MLP),
+}
+
+
+def plan_for(model: keras.Model, given: tuple, shards: int) -> tuple:
+    """The plan to split ``model`` by: ``given`` if any; else, when the run splits (``shards`` > 1) a model
+    without layers split in its own code, the built-in plan of the blocks it holds (`BUILT_IN`); else none."""
+    if given or shards == 1 or sharded.shard_count(model) > 1:
+        return tuple(given)
+    plan = []
+    for layer in model._flatten_layers(include_self=False):
+        key = (type(layer).__module__.split(".")[0], type(layer).__name__)
+        plan.extend(entry for entry in BUILT_IN.get(key, ()) if entry not in plan)
+    return tuple(plan)
 
 
 def split(model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int, named: str = "") -> keras.Model:
-    """``model`` with the Dense layers ``layout`` names ((pattern, "column" or "row"), ...) split into ``shards``
-    shards; ``model`` itself when ``layout`` is empty or ``shards`` is 1 (the layout is still checked). ``named``
-    says where the count came from in a refusal (the engine's "--tensor_parallel (2, ...)"); "--tensor_shards
-    (N)" if empty.
+    """``model`` with the layers ``layout`` names ((pattern, how), ...) split into ``shards`` shards; ``model``
+    itself when ``layout`` is empty or ``shards`` is 1 (the layout is still checked), or when only nested layers
+    split (replaced in place). ``named`` says where the count came from in a refusal (the engine's
+    "--tensor_parallel (2, ...)"); "--tensor_shards (N)" if empty.
 
     Raises:
-      ModelError: the model is not functional or Sequential, a pattern matches no layer, a matched layer is not
-        a plain Dense layer, two patterns split one layer two ways, or ``shards`` does not divide what it cuts.
+      ModelError: a pattern matches no layer, a matched layer cannot split that way, two patterns split one
+        layer two ways, ``shards`` does not divide what it cuts, or a model's own layer is matched in a model that
+        is not functional or Sequential.
     """
     if not layout:
         return model
-    how_of = _matched(model, layout, shards, named or f"--tensor_shards ({shards})")
+    found = _matched(model, layout, shards, named or f"--tensor_shards ({shards})")
     if shards == 1:
+        return model
+    in_graph = {}
+    for layer, how, parent in found:
+        if _is_graph(parent):
+            in_graph[id(layer)] = how
+            continue
+        with surgery.scope(layer.path):
+            new = SPLITS[how][0](layer, shards)
+            new.build_like(layer)
+        surgery.replace(parent, layer, new)
+    if not in_graph:
         return model
 
     def replace(layer):
-        how = how_of.get(id(layer))
-        return layer if how is None else _SPLITS[how](layer, shards)
+        how = in_graph.get(id(layer))
+        return layer if how is None else SPLITS[how][0](layer, shards)
 
     return keras.models.clone_model(model, clone_function=replace, recursive=True)
 
 
-def _matched(model, layout, shards: int, named: str) -> dict[int, str]:
-    """{id(layer): how} of every layer a pattern of ``layout`` matches; refuses what cannot be split."""
-    if not isinstance(model, (keras.Sequential, Functional)):
-        raise ModelError(
-            f"--tensor_layout splits the layers of a functional or Sequential model; model {model.name!r} is a "
-            f"{type(model).__name__} (a subclassed model): build its wide layers from models.sharded, as the "
-            "built-in language model does (models/transformer.py)"
-        )
-    layers = list(model._flatten_layers(include_self=False))
+def _is_graph(parent) -> bool:
+    return isinstance(parent, (keras.Sequential, Functional))
+
+
+def _walk(model) -> list[tuple]:
+    """(layer, its parent, its path) of every layer under ``model``, each before its sublayers
+    (`sharded.in_order`). The path is Keras's, without the model's own name in front (a subclassed or Sequential
+    model's layers are made under it): ``dense1``, ``transformer_layer_0/self_attention``."""
+    found = []
+
+    def visit(parent):
+        for child in parent._flatten_layers(include_self=False, recursive=False):
+            path = child.path or child.name
+            found.append((child, parent, path.removeprefix(f"{model.name}/")))
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def _matched(model, layout, shards: int, named: str) -> list[tuple]:
+    """(layer, how, parent) of every layer a pattern of ``layout`` matches, outermost first (a layer inside a
+    matched one is not split again); refuses what cannot be split."""
+    layers = _walk(model)
     how_of: dict[int, str] = {}
+    found = []
     for pattern, how in layout:
-        found = [layer for layer in layers if re.fullmatch(pattern, layer.name)]
-        if not found:
-            names = ", ".join(layer.name for layer in layers)
-            raise ModelError(f"--tensor_layout: {pattern!r} matches no layer of model {model.name!r} ({names})")
-        for layer in found:
-            _check_layer(layer, how, shards, named)
+        hits = [entry for entry in layers if re.fullmatch(pattern, entry[2])]
+        if not hits:
+            raise ModelError(
+                f"--tensor_layout: {pattern!r} matches no layer of model {model.name!r} ({_candidates(layers)})"
+            )
+        for layer, parent, path in hits:
             if how_of.setdefault(id(layer), how) != how:
-                raise ModelError(f"--tensor_layout splits layer {layer.name!r} both by column and by row")
-    return how_of
+                raise ModelError(f"--tensor_layout splits layer {path!r} both as {how_of[id(layer)]} and as {how}")
+            SPLITS[how][1](layer, path, shards, named)
+            found.append((layer, how, parent))
+    inner = {id(sub) for layer, _, _ in found for sub in layer._flatten_layers(include_self=False)}
+    return [entry for entry in found if id(entry[0]) not in inner]
 
 
-def _check_layer(layer, how: str, shards: int, named: str) -> None:
-    if type(layer) is not keras.layers.Dense:
-        raise ModelError(
-            f"--tensor_layout: layer {layer.name!r} is a {type(layer).__name__}; only Dense layers split "
-            "(a layer of another kind splits in the model's own code, with models.sharded)"
-        )
-    extras = ("kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint", "bias_constraint")
-    kept = [name for name in extras if getattr(layer, name, None) is not None]
-    if kept or getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
-        what = ", ".join(kept) or "LoRA or quantization"
-        raise ModelError(f"--tensor_layout: layer {layer.name!r} has {what}, which a split layer does not keep")
-    size, what = (layer.units, "units") if how == "column" else (layer.kernel.shape[0], "inputs")
-    if size % shards:
-        raise ModelError(
-            f"--tensor_layout: {named} must divide the {what} ({size}) of layer {layer.name!r}, "
-            f"split by {how}: each shard holds an equal slice; use a shard count that divides {size}"
-        )
-
-
-def _weights(layer) -> dict:
-    bias = layer.bias.numpy() if layer.use_bias else None
-    return {"kernel": layer.kernel.numpy(), "bias": bias, "use_bias": layer.use_bias, "dtype": layer.dtype_policy}
-
-
-class ColumnDense(sharded.Column):
-    """A Dense layer split by columns, called on its own: the input copied to each shard (its gradient the tree
-    sum of theirs), each shard's outputs on its device, gathered on shard 0's."""
-
-    @classmethod
-    def of(cls, layer, shards: int) -> ColumnDense:
-        return cls(layer.units, shards, layer.activation, name=layer.name, **_weights(layer))
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.built = False  # built (its parts) when first called
-
-    def build(self, input_shape):
-        for part in self.parts:
-            part.build(input_shape)
-        self.built = True
-
-    def call(self, x):
-        copies = sharded.to_shards(x, self.shards)
-        outputs = [sharded.run(k, self.shards, part, (copies[k],), (part,)) for k, part in enumerate(self.parts)]
-        return sharded.gather(outputs, self.shards)
-
-
-class RowDense(sharded.Row):
-    """A Dense layer split by rows, called on its own: each shard multiplies its slice of the input on its
-    device, the partial products added along the tree, then the bias and the activation."""
-
-    @classmethod
-    def of(cls, layer, shards: int) -> RowDense:
-        return cls(layer.units, shards, activation=layer.activation, name=layer.name, **_weights(layer))
-
-    def __init__(self, *args, activation=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.activation = keras.activations.get(activation)
-        self.built = False  # built (its parts) when first called
-
-    def build(self, input_shape):
-        for part in self.parts:
-            part.build((*input_shape[:-1], input_shape[-1] // self.shards))
-        self.built = True
-
-    def call(self, x):
-        slices = sharded.parts_of(x, self.shards) or tf.split(x, self.shards, axis=-1)
-        partials = [sharded.run(k, self.shards, part, (slices[k],), (part,)) for k, part in enumerate(self.parts)]
-        return self.activation(self.finish(partials))
-
-
-_SPLITS = {"column": ColumnDense.of, "row": RowDense.of}
+def _candidates(layers) -> str:
+    """The paths of the layers a plan can split (Dense and MultiHeadAttention), or of every layer if none."""
+    splittable = [
+        path
+        for layer, _, path in layers
+        if type(layer) is keras.layers.Dense or isinstance(layer, keras.layers.MultiHeadAttention)
+    ]
+    if splittable:
+        return "splittable layers: " + ", ".join(splittable)
+    return "layers: " + ", ".join(path for _, _, path in layers)

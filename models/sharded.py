@@ -279,13 +279,25 @@ def shard_of_variables(model) -> dict:
 
 
 def split_layers(model) -> list[tuple[str, str]]:
-    """(name, how) of each of ``model``'s layers kept as shards, in model order: how is "column" or "row" for a
-    Dense layer split that way, else the layer's class (the vocabulary's, `models.vocab_shards`)."""
+    """(path, how) of each of ``model``'s layers kept as shards, in model order: how is "column" or "row" for a
+    Dense layer split that way, "heads" for an attention layer, else the layer's class (the vocabulary's,
+    `models.vocab_shards`)."""
     found = []
-    for layer in model._flatten_layers(include_self=False):
+    for layer in in_order(model):
         if hasattr(layer, "parts") and isinstance(getattr(layer, "shards", None), int):
-            how = "column" if isinstance(layer, Column) else "row" if isinstance(layer, Row) else type(layer).__name__
-            found.append((layer.name, how))
+            how = getattr(layer, "split_how", None) or (
+                "column" if isinstance(layer, Column) else "row" if isinstance(layer, Row) else type(layer).__name__
+            )
+            found.append(((layer.path or layer.name).removeprefix(f"{model.name}/"), how))
+    return found
+
+
+def in_order(layer) -> list:
+    """The layers under ``layer``, each before its own sublayers, siblings in their order (Keras's
+    ``_flatten_layers`` visits a layer's children last to first)."""
+    found = []
+    for child in layer._flatten_layers(include_self=False, recursive=False):
+        found.extend([child, *in_order(child)])
     return found
 
 

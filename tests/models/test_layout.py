@@ -78,20 +78,44 @@ def test_one_two_and_four_devices_give_the_same_bits(between):
 
 
 def test_what_cannot_be_split_is_refused_naming_the_layer():
-    from models.transformer import transformer_lm
-
     model = _mlp()
     refusals = {
-        (("dense9", "row"),): "'dense9' matches no layer of model 'mlp' (inputs, flatten, dense1, dense2, logits)",
-        (("flatten", "row"),): "layer 'flatten' is a Flatten; only Dense layers split",
+        (("dense9", "row"),): "'dense9' matches no layer of model 'mlp' (splittable layers: dense1, dense2, logits)",
+        (("flatten", "row"),): "layer 'flatten' is a Flatten; row splits a Dense layer",
+        (("dense1", "heads"),): "layer 'dense1' is a Dense; heads splits a MultiHeadAttention",
         (("logits", "column"),): "--tensor_shards (4) must divide the units (10) of layer 'logits', split by column",
-        (("dense.*", "column"), ("dense2", "row")): "splits layer 'dense2' both by column and by row",
+        (("dense.*", "column"), ("dense2", "row")): "splits layer 'dense2' both as column and as row",
     }
     for entries, message in refusals.items():
         with pytest.raises(ModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
             layout.split(model, entries, 4)
-    with pytest.raises(ModelError, match="TransformerLM \\(a subclassed model\\)"):
-        layout.split(transformer_lm(8, layers=1, heads=2, width=8, context=4), SPLIT, 2)
     regularized = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, kernel_regularizer="l2", name="wide")])
     with pytest.raises(ModelError, match="layer 'wide' has kernel_regularizer"):
         layout.split(regularized, (("wide", "column"),), 2)
+
+
+class _Subclassed(keras.Model):
+    """A subclassed model: its layers are attributes, called in its own code."""
+
+    def __init__(self):
+        super().__init__(name="subclassed")
+        self.up = keras.layers.Dense(32, activation="relu", name="up")
+        self.down = keras.layers.Dense(10, name="down")
+
+    def call(self, x):
+        return self.down(self.up(x))
+
+
+def test_a_subclassed_models_layers_are_split_in_place():
+    """No graph to rebuild: each named layer is replaced in its parent, in its place (`models.surgery`)."""
+    keras.utils.set_random_seed(0)
+    model = _Subclassed()
+    inputs = _images().reshape(16, 64)
+    before = model(inputs).numpy()
+    names = [v.path for v in model.variables]
+    split = layout.split(model, (("up", "column"), ("down", "row")), 4)
+    assert split is model and sharded.split_layers(model) == [("up", "column"), ("down", "row")]
+    assert [type(layer).__name__ for layer in model.layers] == ["ColumnDense", "RowDense"]
+    assert [v.path for v in model.variables][:2] == ["subclassed/up/up_shard_0/kernel", "subclassed/up/up_shard_0/bias"]
+    assert len(model.variables) == 4 * 2 + 4 + 1 and len(names) == 4  # the old layers' variables gone
+    np.testing.assert_allclose(model(inputs).numpy(), before, rtol=1e-5, atol=1e-6)

@@ -146,7 +146,11 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
     owner; with pipeline stages, each on its stage's device of the first pipeline; with tensor-parallel towers,
     each shard's on its device of the (stage's) tower, the rest on the tower's first device."""
     plan, split = config.towers.pipeline, config.towers.tensor
-    build_fn = lambda: layout.split(task.build_model(), split.layout, split.shards, split.shards_named)  # noqa: E731
+
+    def build_fn():
+        model = task.build_model()
+        return layout.split(model, layout.plan_for(model, split.layout, split.shards), split.shards, split.shards_named)
+
     reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
     if plan.stages > 1 or split.parallel > 1:
         owners_of = lambda model: _stage_and_shard_owners(model, plan, split)  # noqa: E731

@@ -207,7 +207,7 @@ class TowerConfig:
     fuse_transfers: bool = True  # sync, several tasks: one buffer per (device, device, dtype) (trainer.step.transfers)
     tensor_parallel: int = 1  # T: devices per tower, each layer split over them (models.sharded)
     tensor_shards: int = 0  # N: shards of each split layer; 0: T
-    tensor_layout: tuple[str, ...] = ()  # "PATTERN=column|row": a user's model's Dense layers split (models.layout)
+    tensor_layout: tuple[str, ...] = ()  # "PATTERN=column|row|heads": a model's layers split (models.layout)
     num_tasks: int = 1  # machines (tasks) of the run, from Slurm or TF_CONFIG (launch.job.cluster); not a flag
 
     @property

@@ -81,10 +81,12 @@ def tensor() -> list[Flag]:
             "tensor_layout",
             "towers.tensor_layout",
             g,
-            "Which Dense layers of a functional or Sequential model split, as PATTERN=column or PATTERN=row "
-            "(comma-separated; a pattern is a regular expression matching a layer's whole name): column keeps "
-            "output columns in each shard, row input rows; a row layer right after a column layer takes its "
-            "shards' outputs where they are (docs/tensor_parallel.md). Part of the model, as --tensor_shards.",
+            "Which layers of the model split, as PATTERN=column, PATTERN=row or PATTERN=heads (comma-separated; "
+            "a pattern is a regular expression matching a layer's whole path, e.g. dense1 or "
+            "transformer_layer_0/self_attention): a Dense layer by output columns or input rows, a "
+            "MultiHeadAttention by heads; a row layer right after a column layer takes its shards' outputs where "
+            "they are. Without it, a model holding Keras Hub GPT-2 or Llama blocks splits by a built-in plan "
+            "(docs/tensor_parallel.md). Part of the model, as --tensor_shards.",
             FIXED,
             parse=layout_entries,
         ),

@@ -78,7 +78,7 @@ class TensorSplit:
 
     parallel: int = 1  # T: devices per tower
     shards: int = 1  # N: shards per layer; every T dividing N gives the same bits
-    layout: tuple[tuple[str, str], ...] = ()  # (layer-name pattern, "column" or "row"): a user's model (models.layout)
+    layout: tuple[tuple[str, str], ...] = ()  # (layer-path pattern, how): a model's plan (models.layout)
     shards_set: bool = True  # --tensor_shards given; else `shards` is --tensor_parallel's T
 
     @property
@@ -126,11 +126,11 @@ class TensorSplit:
         )
 
 
-LAYOUT_SPLITS = ("column", "row")  # how --tensor_layout splits a Dense layer (models.layout)
+LAYOUT_SPLITS = ("column", "row", "heads")  # how --tensor_layout splits a layer (models.layout.SPLITS)
 
 
 def layout_pairs(entries) -> tuple[tuple[str, str], ...]:
-    """--tensor_layout's entries ("PATTERN=column" or "PATTERN=row") as (pattern, split) pairs.
+    """--tensor_layout's entries ("PATTERN=column", "PATTERN=row" or "PATTERN=heads") as (pattern, split) pairs.
 
     Raises:
       ConfigError: an entry of another form, or a pattern that is not a regular expression.
@@ -140,7 +140,7 @@ def layout_pairs(entries) -> tuple[tuple[str, str], ...]:
         pattern, _, how = entry.rpartition("=")
         _require(
             how in LAYOUT_SPLITS and bool(pattern),
-            f"entry {entry!r} must be PATTERN=column or PATTERN=row (a layer name's pattern)",
+            f"entry {entry!r} must be PATTERN=column, PATTERN=row or PATTERN=heads (a layer path's pattern)",
         )
         try:
             re.compile(pattern)

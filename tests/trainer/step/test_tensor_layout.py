@@ -88,7 +88,10 @@ def test_in_bf16_a_split_trains_the_weights_of_one_device(make_config, tmp_path)
 @pytest.mark.parametrize(
     "entry, message",
     [
-        ("dense1=diagonal", r"--tensor_layout entry 'dense1=diagonal' must be PATTERN=column or PATTERN=row"),
+        (
+            "dense1=diagonal",
+            r"--tensor_layout entry 'dense1=diagonal' must be PATTERN=column, PATTERN=row or PATTERN=heads",
+        ),
         ("dense(=row", r"--tensor_layout entry 'dense\(=row': 'dense\(' is not a regular expression"),
     ],
 )
@@ -103,7 +106,7 @@ def test_a_layout_entry_that_does_not_parse_exits_2_in_one_line(entry, message):
     "model, entries, message",
     [
         ("mlp", ("dense3=column",), r"'dense3' matches no layer of model 'mlp'"),
-        ("cnn", (".*=row",), r"layer '\w+' is a \w+; only Dense layers split"),
+        ("cnn", (".*=row",), r"layer '\w+' is a \w+; row splits a Dense layer"),
     ],
 )
 def test_a_layout_the_model_cannot_take_is_refused(make_config, model, entries, message):
