@@ -159,6 +159,10 @@ class Sessions:
             session.ready()
         return session
 
+    def pids(self) -> list[int]:
+        """This process and its workers: the run's own CPU use (load.py)."""
+        return [os.getpid(), *(session.process.pid for session in self.sessions.values())]
+
     def info(self) -> dict:
         """Versions and update modes, from any worker (the parent imports no TensorFlow)."""
         return next(iter(self.sessions.values())).ready() if self.sessions else {}
