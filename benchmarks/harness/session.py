@@ -160,8 +160,9 @@ class Sessions:
         return session
 
     def pids(self) -> list[int]:
-        """This process and its workers: the run's own CPU use (load.py)."""
-        return [os.getpid(), *(session.process.pid for session in self.sessions.values())]
+        """This process and its live workers: the run's own CPU use (load.py). A worker that ended was waited
+        for, so its CPU time is this process's children's."""
+        return [os.getpid(), *(session.process.pid for session in self.sessions.values() if session.alive())]
 
     def info(self) -> dict:
         """Versions and update modes, from any worker (the parent imports no TensorFlow)."""
