@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     env["date_end"], env["load_average_end"] = report.now(), list(os.getloadavg())
     env["command"] = command
     run = {"size": dataclasses.asdict(size), "environment": env, "figures": results}
-    print("\n".join(report.legend(results)))
+    print("\n".join(report.legend(results) + report.refusals(results)))
     if args.out:
         report.write_json(args.out, run)
         print(f"wrote {args.out}")

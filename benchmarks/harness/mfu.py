@@ -10,11 +10,14 @@ values) over the whole context, counted forward and backward as nanoGPT does (a 
 part; no side skips the masked half here). The same formula for every side, so MFU ratios are tokens/s ratios.
 
 The peak is a float32 [n, n] x [n, n] matmul timed in the side's own framework (TensorFlow or PyTorch), in the
-same worker right after the side's timed windows; a run's MFU divides by the largest peak any side measured.
+same worker right after the side's timed windows, PEAK_REPEATS times; a run's MFU divides by the largest peak any
+side measured. Every repeat is kept: their median and spread tell whether the two sides of a figure had the same
+machine (benchmarks/harness/trust.py).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 PEAK_SIZE = 2048  # [2048, 2048] x [2048, 2048]: 17 GFLOP, ~0.2 s on 2 cores; large enough for the best kernel
@@ -31,44 +34,52 @@ def flops_per_token(vocab_size: int, layers: int, width: int, context: int) -> i
     return 6 * matmul_weights(vocab_size, layers, width) + 12 * layers * context * width
 
 
-def tensorflow_peak(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> float:
-    """The best FLOP/s of `repeats` float32 [size, size] matmuls in TensorFlow (eager, the default device)."""
+def _rates(product, size: int, repeats: int) -> list[float]:
+    """FLOP/s of each of `repeats` calls of `product()` (a [size, size] x [size, size] matmul, waited for)."""
+    product()  # the first call picks and loads the kernel
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        product()
+        rates.append(2 * size**3 / (time.perf_counter() - start))
+    return rates
+
+
+def tensorflow_peak(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> tuple[list[float], int]:
+    """The FLOP/s of each of `repeats` float32 [size, size] matmuls in TensorFlow (eager, the default device),
+    and the threads its intra-op pool has."""
     import tensorflow as tf
 
     a, b = tf.random.stateless_normal([size, size], [1, 2]), tf.random.stateless_normal([size, size], [3, 4])
-    float(tf.reduce_sum(tf.matmul(a, b)))  # the first call picks and loads the kernel
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        float(tf.reduce_sum(tf.matmul(a, b)))  # waits for the product; the sum is 1/size of its cost
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    # float() waits for the product; the sum is 1/size of its cost
+    rates = _rates(lambda: float(tf.reduce_sum(tf.matmul(a, b))), size, repeats)
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
+    return rates, threads
 
 
-def torch_peak(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> float:
-    """The best FLOP/s of `repeats` float32 [size, size] matmuls in PyTorch on the CPU (synchronous)."""
+def torch_peak(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> tuple[list[float], int]:
+    """The FLOP/s of each of `repeats` float32 [size, size] matmuls in PyTorch on the CPU (synchronous), and
+    its threads."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=generator) for _ in range(2))
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return _rates(lambda: torch.mm(a, b), size, repeats), torch.get_num_threads()
 
 
 def side_stats(vocab_size: int, layers: int, width: int, context: int, parameters: int, peak) -> dict:
     """What a language-model side reports for MFU (merged into its figure record by the runner): its sizes,
-    its parameter count as its framework counts it, and `peak()` (one of the functions above) measured now."""
+    its parameter count as its framework counts it, and `peak()` (one of the functions above) measured now:
+    the best of its repeats (MFU's denominator), every repeat and the threads (what trust.py compares)."""
+    rates, threads = peak()
     return {
         "tokens_per_example": context,
         "flops_per_token": flops_per_token(vocab_size, layers, width, context),
         "matmul_weights": matmul_weights(vocab_size, layers, width),
         "parameters": parameters,
-        "matmul_peak_flops": peak(),
+        "matmul_peak_flops": max(rates),
+        "matmul_rates": rates,
+        "matmul_threads": threads,
         "peak_framework": peak.__name__.removesuffix("_peak"),
     }
 
@@ -76,7 +87,8 @@ def side_stats(vocab_size: int, layers: int, width: int, context: int, parameter
 def annotate(results: list[dict]) -> float | None:
     """Adds tokens_per_sec and mfu to each side of each figure record that reports `flops_per_token`, against
     the largest `matmul_peak_flops` of the run; returns that peak (None when no side measured one)."""
-    sides = [record[label] for record in results for label in ("a", "b") if record["status"] == "ok"]
+    measured = [record for record in results if record["status"] in ("ok", "refused")]
+    sides = [record[label] for record in measured for label in ("a", "b")]
     sides = [side for side in sides if "flops_per_token" in side]
     if not sides:
         return None

@@ -64,6 +64,7 @@ _COLUMNS = (
     ("reference ex/s", 14),
     ("windows", 9),
     ("pair IQR", 11),
+    ("load/CPUs", 9),
 )
 
 
@@ -71,26 +72,44 @@ def header() -> str:
     return "  ".join(f"{name:<{width}}" for name, width in _COLUMNS)
 
 
+def _load(record: dict) -> str:
+    """The highest 1-minute load average at a window's start, over the CPU count (load.summary)."""
+    if "load" not in record:
+        return ""
+    return f"{record['load']['load_average_start_max']:.1f}/{record['load']['cpus']}"
+
+
 def row(record: dict) -> str:
-    """One line of the table for one figure record (see `runner.result`)."""
+    """One line of the table for one figure record (see `runner.result`; a refused one, `trust.judge`)."""
     target = f">= {record['target']:.2f}" if record["target"] is not None else "-"
-    if record["status"] != "ok":
-        cells = [record["name"], record["setting"], "-", target, record["status"], "", "", "", ""]
+    if record["status"] not in ("ok", "refused"):
+        cells = [record["name"], record["setting"], "-", target, record["status"], "", "", "", "", ""]
     else:
         verdict = "-" if record["passed"] is None else ("PASS" if record["passed"] else "MISS")
-        q25, q75 = record["pair_ratio_iqr"]
+        ratio, spread = "-", ""
+        if record["status"] == "refused":
+            verdict = "REFUSED"
+        else:
+            q25, q75 = record["pair_ratio_iqr"]
+            ratio, spread = f"{record['ratio']:.3f}", f"{q25:.2f}-{q75:.2f}"
         cells = [
             record["name"],
             record["setting"],
-            f"{record['ratio']:.3f}",
+            ratio,
             target,
             verdict,
             _number(record["a"]["median_examples_per_sec"]),
             _number(record["b"]["median_examples_per_sec"]),
             f"{record['windows']}x{record['steps_per_window']}",
-            f"{q25:.2f}-{q75:.2f}",
+            spread,
+            _load(record),
         ]
     return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _COLUMNS, strict=True))
+
+
+def refusals(records: list[dict]) -> list[str]:
+    """One line per refused figure, with its reason (benchmarks/harness/trust.py)."""
+    return [f"refused {r['name']}: {r['refused']}" for r in records if r["status"] == "refused"]
 
 
 def legend(records: list[dict]) -> list[str]:
@@ -107,6 +126,11 @@ def legend(records: list[dict]) -> list[str]:
                 line += f"\n    {label.upper()}: {side['tokens_per_sec']:,.0f} tokens/s, MFU {side['mfu']:.1%}"
                 line += f" ({side['parameters']:,} parameters, {side['peak_framework']} matmul peak"
                 line += f" {side['matmul_peak_flops'] / 1e9:.1f} GFLOP/s)"
+        if "load" in record:
+            summary, other = record["load"], record["load"]["other_cpus_median"]
+            line += f"\n    load average up to {summary['load_average_start_max']:.2f} at a window's start on"
+            line += f" {summary['cpus']} CPUs; other processes {'?' if other is None else f'{other:.2f}'} CPUs"
+            line += " (median of the windows)"
         if record["status"] == "error":
             line += f"\n    error: {record['error'].strip().splitlines()[-1]}"
         lines.append(line)

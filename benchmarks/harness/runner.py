@@ -10,7 +10,7 @@ import contextlib
 import os
 import time
 
-from benchmarks.harness import timing
+from benchmarks.harness import load, timing, trust
 from benchmarks.harness.plan import Figure, Size
 from benchmarks.harness.session import Session, Sessions, WorkerError
 
@@ -103,22 +103,27 @@ def measure(figure: Figure, size: Size, sessions: Sessions, records: dict, profi
     side_b = session_b.build(figure.b, figure.setting, records, trace_steps(size))
     window_a, window_b = _window(session_a, side_a), _window(session_b, side_b)
     steps = warm_up(figure, size, window_a, window_b)
-    comparison = timing.alternate(window_a, window_b, steps, size.windows)
+    loads = {"a": [], "b": []}  # the machine's load over each timed window (load.py)
+    watched = [load.watched(w, loads[label], sessions.pids) for w, label in ((window_a, "a"), (window_b, "b"))]
+    comparison = timing.alternate(*watched, steps, size.windows)
     if profile_dir:
         for label, session, side_id in (("a", session_a, side_a), ("b", session_b, side_b)):
             log_dir = os.path.join(profile_dir, figure.key.replace("@", "-"), label)
             session.call("profile", side_id=side_id, steps=steps, log_dir=log_dir)
     record = result(figure, "ok", comparison, steps, time.perf_counter() - started)
+    record["load"] = load.summary(loads["a"] + loads["b"])
     for label, session, side_id in (("a", session_a, side_a), ("b", session_b, side_b)):
         # as TensorFlow reports it in that worker: the evidence that a runtime figure compared what it says
         record[label]["runtime"] = session.ready().get("runtime")
+        record[label]["load"] = loads[label]
         record[label].update({k: v for k, v in session.call("stats", side_id=side_id).items() if k != "ok"})
-    return record
+    return trust.judge(record)  # a language model's figure whose sides had unequal machines is refused
 
 
 def result(figure: Figure, status: str, comparison=None, steps: int = 0, seconds: float = 0.0, error: str = ""):
     """The JSON record of a figure. `status`: "ok", "not available" (async without an async mode) or
-    "error" (`error` holds the worker's traceback); only "ok" records carry numbers."""
+    "error" (`error` holds the worker's traceback); only "ok" records carry numbers ("refused" ones, see
+    trust.judge, all but the ratio's)."""
     record = {
         "name": figure.name,
         "group": figure.group or figure.name,

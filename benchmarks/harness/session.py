@@ -159,6 +159,11 @@ class Sessions:
             session.ready()
         return session
 
+    def pids(self) -> list[int]:
+        """This process and its live workers: the run's own CPU use (load.py). A worker that ended was waited
+        for, so its CPU time is this process's children's."""
+        return [os.getpid(), *(session.process.pid for session in self.sessions.values() if session.alive())]
+
     def info(self) -> dict:
         """Versions and update modes, from any worker (the parent imports no TensorFlow)."""
         return next(iter(self.sessions.values())).ready() if self.sessions else {}

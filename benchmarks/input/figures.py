@@ -14,11 +14,12 @@ per CPU-second; ratio = median(A) / median(B).
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
 
-from benchmarks.harness import timing
+from benchmarks.harness import load, timing
 
 # name -> (towerflow pipeline, target); the reference side is always input_pipelines' "decode", (a)
 FIGURES = {
@@ -86,20 +87,24 @@ def measure(size, pattern: str, encoded) -> list[dict]:
     windows = warm_windows(datasets, size)
     records = []
     for figure, (pipeline, target) in FIGURES.items():
-        started = time.perf_counter()
-        comparison = timing.alternate(windows[pipeline], windows[REFERENCE], size.batches_per_window, size.windows)
+        started, loads = time.perf_counter(), {"a": [], "b": []}  # the machine's load per window (load.py)
+        timed = [load.watched(windows[name], loads[key], lambda: [os.getpid()]) for key, name in
+                 (("a", pipeline), ("b", REFERENCE))]  # fmt: skip
+        comparison = timing.alternate(*timed, size.batches_per_window, size.windows)
         labels = (pipelines.PIPELINES[pipeline][0], pipelines.PIPELINES[REFERENCE][0])
-        records.append(record(figure, target, labels, comparison, size, time.perf_counter() - started))
+        records.append(record(figure, target, labels, comparison, size, time.perf_counter() - started, loads))
     return records
 
 
-def record(name: str, target: float, labels, comparison: timing.Comparison, size, seconds: float) -> dict:
-    """The figure's record, with the keys of a training figure's (`benchmarks.harness.runner.result`)."""
+def record(name: str, target: float, labels, comparison: timing.Comparison, size, seconds: float, loads) -> dict:
+    """The figure's record, with the keys of a training figure's (`benchmarks.harness.runner.result`) and its
+    windows' `loads` ({"a": [...], "b": [...]}, load.window_load)."""
     q25, q75 = comparison.pair_ratio_quartiles()
     ratio = comparison.ratio
     sides = {}
     for key, label, rates in (("a", labels[0], comparison.a_rates), ("b", labels[1], comparison.b_rates)):
         sides[key] = {"label": label, "median_examples_per_sec": statistics.median(rates), "examples_per_sec": rates}
+        sides[key]["load"] = loads[key]
     return {
         "name": name,
         "group": "input",
@@ -115,6 +120,7 @@ def record(name: str, target: float, labels, comparison: timing.Comparison, size
         "pair_ratios": comparison.pair_ratios,
         "pair_ratio_iqr": [q25, q75],
         "seconds": seconds,
+        "load": load.summary(loads["a"] + loads["b"]),
     }
 
 

@@ -2,6 +2,7 @@
 setting's sizes, the FLOPs count behind MFU and the MFU arithmetic. The peers themselves (Keras Hub, PyTorch)
 are benchmark-only extras that CI does not install: what they measure is in benchmarks/results/lm-peers.md."""
 
+import os
 import pathlib
 
 import pytest
@@ -63,9 +64,10 @@ def test_flops_per_token_counts_the_matmul_weights_of_the_built_model():
     assert model.count_params() == parameter_count(vocab, layers, width, context, "learned") > counted
 
 
-def test_the_tensorflow_matmul_peak_is_a_rate():
-    peak = mfu.tensorflow_peak(size=64, repeats=2)
-    assert 1e6 < peak < 1e14
+def test_the_tensorflow_matmul_peak_is_a_rate_per_repeat_on_the_pools_threads():
+    rates, threads = mfu.tensorflow_peak(size=64, repeats=3)
+    assert len(rates) == 3 and all(1e6 < rate < 1e14 for rate in rates)
+    assert threads == len(os.sched_getaffinity(0))  # the worker's default intra-op pool
 
 
 def _record(status="ok", a_rate=10.0, b_rate=5.0, a_peak=100e9, b_peak=50e9):

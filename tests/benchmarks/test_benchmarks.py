@@ -191,6 +191,21 @@ def _check_measured(record: dict, windows: int, steps: int) -> None:
     assert record["pair_ratios"] == pytest.approx(pairs, rel=1e-12)
     assert min(pairs) <= record["pair_ratio_iqr"][0] <= record["pair_ratio_iqr"][1] <= max(pairs)
     assert record["passed"] == (None if record["target"] is None else record["ratio"] >= record["target"])
+    _check_load(record, windows)
+
+
+def _check_load(record: dict, windows: int) -> None:
+    """Each timed window's load, read from /proc beside it (benchmarks/harness/load.py), and the figure's summary."""
+    cpus = os.cpu_count()
+    for side in ("a", "b"):
+        loads = record[side]["load"]
+        assert len(loads) == windows
+        for window in loads:
+            assert window["cpus_start"] == window["cpus_end"] == cpus
+            assert window["load_average_start"] >= 0 and window["load_average_end"] >= 0
+            assert window["other_cpus"] is None or 0 <= window["other_cpus"] <= cpus
+    starts = [w["load_average_start"] for side in ("a", "b") for w in record[side]["load"]]
+    assert record["load"]["load_average_start_max"] == max(starts) and record["load"]["cpus"] == cpus
 
 
 def test_smoke_run_writes_every_figure(tmp_path):
