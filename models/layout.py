@@ -29,13 +29,14 @@ import re
 import keras
 from keras.src.models.functional import Functional  # what keras.models.clone_model rebuilds
 
-from models import sharded, split_attention, split_dense, surgery
+from models import sharded, split_attention, split_dense, surgery, vocab_shards
 from models.registry import ModelError
 
 SPLITS = {  # how -> (the split layer of a layer, the check that refuses what it cannot split)
     "column": (split_dense.ColumnDense.of, functools.partial(split_dense.check, how="column")),
     "row": (split_dense.RowDense.of, functools.partial(split_dense.check, how="row")),
     "heads": (split_attention.HeadsAttention.of, split_attention.check),
+    "vocabulary": (vocab_shards.split_of, vocab_shards.check),
 }
 HOWS = tuple(SPLITS)
 
@@ -49,9 +50,12 @@ BUILT_IN = {
 
 def plan_for(model: keras.Model, given: tuple, shards: int) -> tuple:
     """The plan to split ``model`` by: ``given`` if any; else, when the run splits (``shards`` > 1) a model
-    without layers split in its own code, the built-in plan of the blocks it holds (`BUILT_IN`); else none."""
+    without layers split in its own code, its own ``tensor_plan`` (the built-in Transformer's) or the built-in
+    plan of the blocks it holds (`BUILT_IN`); else none."""
     if given or shards == 1 or sharded.shard_count(model) > 1:
         return tuple(given)
+    if getattr(model, "tensor_plan", None):
+        return tuple(model.tensor_plan)
     plan = []
     for layer in model._flatten_layers(include_self=False):
         key = (type(layer).__module__.split(".")[0], type(layer).__name__)
@@ -59,20 +63,28 @@ def plan_for(model: keras.Model, given: tuple, shards: int) -> tuple:
     return tuple(plan)
 
 
-def split(model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int, named: str = "") -> keras.Model:
+def split_model(model: keras.Model, given: tuple, shards: int, named: str = "") -> keras.Model:
+    """``model`` split into ``shards`` shards by the plan ``given`` (``--tensor_layout``) or, without one, its
+    own (`plan_for`); a refusal names where the plan came from."""
+    source = "--tensor_layout" if given else f"model {model.name!r}'s built-in tensor plan"
+    return split(model, plan_for(model, given, shards), shards, named, source)
+
+
+def split(
+    model: keras.Model, layout: tuple[tuple[str, str], ...], shards: int, named: str = "", source="--tensor_layout"
+) -> keras.Model:
     """``model`` with the layers ``layout`` names ((pattern, how), ...) split into ``shards`` shards; ``model``
     itself when ``layout`` is empty or ``shards`` is 1 (the layout is still checked), or when only nested layers
     split (replaced in place). ``named`` says where the count came from in a refusal (the engine's
-    "--tensor_parallel (2, ...)"); "--tensor_shards (N)" if empty.
+    "--tensor_parallel (2, ...)"); "--tensor_shards (N)" if empty. ``source``: the plan's, in a refusal.
 
     Raises:
       ModelError: a pattern matches no layer, a matched layer cannot split that way, two patterns split one
-        layer two ways, ``shards`` does not divide what it cuts, or a model's own layer is matched in a model that
-        is not functional or Sequential.
+        layer two ways, or ``shards`` does not divide what it cuts.
     """
     if not layout:
         return model
-    found = _matched(model, layout, shards, named or f"--tensor_shards ({shards})")
+    found = _matched(model, layout, shards, named or f"--tensor_shards ({shards})", source)
     if shards == 1:
         return model
     in_graph = {}
@@ -114,7 +126,7 @@ def _walk(model) -> list[tuple]:
     return found
 
 
-def _matched(model, layout, shards: int, named: str) -> list[tuple]:
+def _matched(model, layout, shards: int, named: str, source: str) -> list[tuple]:
     """(layer, how, parent) of every layer a pattern of ``layout`` matches, outermost first (a layer inside a
     matched one is not split again); refuses what cannot be split."""
     layers = _walk(model)
@@ -123,13 +135,14 @@ def _matched(model, layout, shards: int, named: str) -> list[tuple]:
     for pattern, how in layout:
         hits = [entry for entry in layers if re.fullmatch(pattern, entry[2])]
         if not hits:
-            raise ModelError(
-                f"--tensor_layout: {pattern!r} matches no layer of model {model.name!r} ({_candidates(layers)})"
-            )
+            raise ModelError(f"{source}: {pattern!r} matches no layer of model {model.name!r} ({_candidates(layers)})")
         for layer, parent, path in hits:
             if how_of.setdefault(id(layer), how) != how:
-                raise ModelError(f"--tensor_layout splits layer {path!r} both as {how_of[id(layer)]} and as {how}")
-            SPLITS[how][1](layer, path, shards, named)
+                raise ModelError(f"{source} splits layer {path!r} both as {how_of[id(layer)]} and as {how}")
+            try:
+                SPLITS[how][1](layer, path, shards, named)
+            except ModelError as refused:
+                raise ModelError(f"{source}: {refused}") from None
             found.append((layer, how, parent))
     inner = {id(sub) for layer, _, _ in found for sub in layer._flatten_layers(include_self=False)}
     return [entry for entry in found if id(entry[0]) not in inner]

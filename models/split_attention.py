@@ -1,16 +1,22 @@
-"""A ``keras.layers.MultiHeadAttention`` split by heads (`models.layout`'s "heads"), as one unit.
+"""An attention layer split by heads (`models.layout`'s "heads"), as one unit.
 
-Shard k of N is a copy of the attention layer (its own class, Keras Hub's ``CachedMultiHeadAttention`` too) with
-heads [k*H/N, (k+1)*H/N): its query, key and value projections' columns for them (an ``EinsumDense`` kernel
-[width, heads, head size] cut along its heads axis, as Megatron cuts a column layer), and the output projection's
-rows for them ([heads, head size, width], without its bias). Each shard projects, attends and multiplies by its
-rows on its own device; the N partial outputs are added along the shards' fixed tree (`models.sharded`) and the
-output bias is added once, on shard 0's device. So attention splits with one sum per call, as in Megatron, and
-its result is the same bits at every ``--tensor_parallel`` dividing N.
+Shard k of N is an attention layer over heads [k*H/N, (k+1)*H/N): its query, key and value projections'
+columns for them (an ``EinsumDense`` kernel [width, heads, head size] or a Dense kernel [width, heads x head
+size] cut along its heads), and the output projection's rows for them, without its bias. Each shard projects,
+attends and multiplies by its rows on its own device; the N partial outputs are added along the shards' fixed
+tree (`models.sharded`), then the output bias once, on shard 0's device. So attention splits with one sum per
+call, as in Megatron, and its result is the same bits at every ``--tensor_parallel`` dividing N.
 
-A mask carried by the query or value tensors (Keras's implicit masks) is handed to every shard; an
-``attention_mask`` argument is shared by all. Incremental decoding's ``cache`` [B, 2, length, heads, head size]
-is cut by heads the same way and put back together in head order.
+Two kinds split: ``keras.layers.MultiHeadAttention`` (Keras Hub's ``CachedMultiHeadAttention`` too), each shard
+a copy of its class with H/N heads; and a layer that splits itself, with ``heads_shard(N, k)`` (a built layer of
+the same sublayer names over its heads, without output bias or output dropout), ``output_projection`` and
+``output_dropout`` (the built-in Transformer's `CausalSelfAttention`). Every shard's weights start as the given
+layer's slices, each cut along the one axis its heads make.
+
+The first input is copied to each shard's device (its gradient the tree's sum); a second or third floating
+input that is another tensor (cross-attention's value and key) too; anything else (a mask) is shared. A Keras
+mask carried by the inputs reaches every shard. Incremental decoding's cache is cut by heads the same way and
+put back together in head order.
 """
 
 from __future__ import annotations
@@ -26,23 +32,23 @@ from models.split_dense import refuse_extras
 
 
 def check(layer, path: str, shards: int, named: str) -> None:
-    """Refuses a layer that is not a MultiHeadAttention, or whose heads ``shards`` does not divide."""
-    if not isinstance(layer, keras.layers.MultiHeadAttention):
+    """Refuses a layer that is neither kind, or whose heads ``shards`` does not divide."""
+    if not (isinstance(layer, keras.layers.MultiHeadAttention) or hasattr(layer, "heads_shard")):
         raise ModelError(
-            f"--tensor_layout: layer {path!r} is a {type(layer).__name__}; heads splits a "
-            "MultiHeadAttention (a Dense layer splits by column or row)"
+            f"layer {path!r} is a {type(layer).__name__}; heads splits a MultiHeadAttention "
+            "(a Dense layer splits by column or row)"
         )
     refuse_extras(layer, path)
-    if layer.num_heads % shards:
+    heads = layer.num_heads if isinstance(layer, keras.layers.MultiHeadAttention) else layer.heads
+    if heads % shards:
         raise ModelError(
-            f"--tensor_layout: {named} must divide the heads ({layer.num_heads}) of layer "
-            f"{path!r}: each shard holds whole heads; use a shard count that divides "
-            f"{layer.num_heads}"
+            f"{named} must divide the heads ({heads}) of layer {path!r}: each shard holds whole "
+            f"heads; use a shard count that divides {heads}"
         )
 
 
 class HeadsAttention(keras.layers.Layer):
-    """A MultiHeadAttention kept as ``shards`` attention layers of heads/shards heads each; see the module
+    """An attention layer kept as ``shards`` attention layers of heads/shards heads each; see the module
     docstring. Build it with ``HeadsAttention.of(layer, shards)``: its shards start as ``layer``'s slices."""
 
     split_how = "heads"
@@ -56,49 +62,66 @@ class HeadsAttention(keras.layers.Layer):
     def __init__(self, layer, shards: int, **kwargs):
         super().__init__(**kwargs)
         self.shards = shards
+        own = hasattr(layer, "heads_shard")
+        self.heads = layer.heads if own else layer.num_heads
+        self.head_size = layer.head_size if own else layer.key_dim
+        make = layer.heads_shard if own else lambda n, k: _keras_shard(layer, n, k)
         with surgery.scope(f"{layer.path}/part"):  # the parts' variables under the attention's path
-            self.parts = [sharded.tagged(_shard_of(layer, shards, k), k) for k in range(shards)]
-        whole = layer._output_dense
-        bias = whole.bias.numpy() if whole.bias is not None else None
-        start = None if bias is None else (lambda shape, dtype=None: ops.convert_to_tensor(bias, dtype=dtype))
-        self.bias = None if bias is None else self.add_weight(shape=bias.shape, initializer=start, name="bias")
+            self.parts = [sharded.tagged(make(shards, k), k) for k in range(shards)]
+        for k, part in enumerate(self.parts):
+            _copy_slices(part, layer, shards, k)
+        bias = (layer.output_projection if own else layer._output_dense).bias
+        values = None if bias is None else bias.numpy()
+        start = None if bias is None else (lambda shape, dtype=None: ops.convert_to_tensor(values, dtype=dtype))
+        self.bias = None if bias is None else self.add_weight(shape=values.shape, initializer=start, name="bias")
+        self.output_dropout = layer.output_dropout if own else None  # the whole layer's, after the sum
         self.built = True  # its parts are built, from the given layer's weights
 
     def build_like(self, layer) -> None:
         """Nothing to build: the parts are built when made."""
 
-    def call(self, query, value, key=None, training=None, cache=None, **kwargs):
+    def call(self, *args, training=None, cache=None, **kwargs):
+        args = (*args, *(kwargs.pop(name) for name in _INPUTS[len(args) :] if name in kwargs))  # Keras Hub names them
         if cache is not None:
-            return self._cached(query, value, key, cache, training=training, **kwargs)
-        inputs = [query] if value is query and key in (None, query) else [query, value, value if key is None else key]
-        masks = [backend.get_keras_mask(x) for x in inputs]
-        copies = [sharded.to_shards(x, self.shards) if self.shards > 1 else [x] for x in inputs]
+            return self._cached(*args, cache=cache, training=training, **kwargs)
+        copied = [0] + [i for i in (1, 2) if i < len(args) and _copied(args[i], args[0])]
+        masks = [backend.get_keras_mask(args[i]) for i in copied]
+        copies = [sharded.to_shards(args[i], self.shards) if self.shards > 1 else [args[i]] for i in copied]
         outputs = [
-            sharded.run(k, self.shards, self._pass(k, masks, training, kwargs), tuple(c[k] for c in copies), (part,))
+            sharded.run(
+                k,
+                self.shards,
+                self._pass(k, args, copied, masks, training, kwargs),
+                tuple(c[k] for c in copies),
+                (part,),
+            )
             for k, part in enumerate(self.parts)
         ]
         if kwargs.get("return_attention_scores"):
             scores = ops.concatenate([scored for _, scored in outputs], axis=1)
-            return self._finish([out for out, _ in outputs]), scores
-        return self._finish(outputs)
+            return self._finish([out for out, _ in outputs], training), scores
+        return self._finish(outputs, training)
 
-    def _pass(self, k: int, masks: list, training, kwargs: dict):
+    def _pass(self, k: int, args: tuple, copied: list, masks: list, training, kwargs: dict):
         def shard_pass(*xs):
-            for x, mask in zip(xs, masks, strict=True):
+            given = list(args)
+            for i, x, mask in zip(copied, xs, masks, strict=True):
                 if mask is not None:
                     backend.set_keras_mask(x, mask)
-            query, value, key = (xs[0], xs[0], None) if len(xs) == 1 else xs
-            return self.parts[k](query, value, key=key, training=training, **kwargs)
+                given = [x if a is args[i] else a for a in given]  # self-attention: query is value
+            return self.parts[k](*given, training=training, **kwargs)
 
         return shard_pass
 
-    def _finish(self, partials: list):
+    def _finish(self, partials: list, training=None):
         with sharded.on_shard(0, self.shards):
             total = sharded.tree(partials)
-            return total if self.bias is None else total + ops.cast(self.bias, total.dtype)
+            total = total if self.bias is None else total + ops.cast(self.bias, total.dtype)
+            return total if self.output_dropout is None else self.output_dropout(total, training=training)
 
-    def _cached(self, query, value, key, cache, **kwargs):
-        """Incremental decoding: each shard with its heads' slice of the cache, where the caller is."""
+    def _cached(self, query, value, key=None, cache=None, **kwargs):
+        """Keras Hub's incremental decoding: each shard with its heads' slice of the cache
+        [B, 2, length, heads, head size], where the caller is."""
         caches = ops.split(cache, self.shards, axis=3)
         results = [part(query, value, key=key, cache=c, **kwargs) for part, c in zip(self.parts, caches, strict=True)]
         output = self._finish([result[0] for result in results])
@@ -107,30 +130,46 @@ class HeadsAttention(keras.layers.Layer):
             return output, ops.concatenate([result[1] for result in results], axis=1), kept
         return output, kept
 
+    def cached_call(self, x, mask, positions, cache):
+        """The built-in Transformer's incremental decoding (`CausalSelfAttention.cached_call`): each shard with
+        its heads of the (keys, values) cache [B, heads, context, head size]."""
+        pairs = zip(*(ops.split(half, self.shards, axis=1) for half in cache), strict=True)
+        results = [part.cached_call(x, mask, positions, pair) for part, pair in zip(self.parts, pairs, strict=True)]
+        kept = tuple(ops.concatenate([r[1][i] for r in results], axis=1) for i in (0, 1))
+        return self._finish([r[0] for r in results]), kept
 
-def _shard_of(layer, shards: int, k: int):
-    """Shard k: ``layer``'s class with heads/shards heads, built for ``layer``'s inputs, its weights ``layer``'s
-    slices for heads [k*H/N, (k+1)*H/N) (each weight cut along the one axis whose size the heads make), its output
-    projection without a bias (the split layer adds it once)."""
+
+_INPUTS = ("query", "value", "key")  # a MultiHeadAttention's inputs, in its call's order
+
+
+def _copied(x, first) -> bool:
+    """A positional input each shard gets a copy of: a floating tensor other than the first input."""
+    return x is not None and x is not first and hasattr(x, "dtype") and "float" in str(x.dtype)
+
+
+def _keras_shard(layer, shards: int, k: int):
+    """Shard k of a MultiHeadAttention: its class with heads/shards heads, built for ``layer``'s inputs, its
+    output projection without a bias (the split layer adds it once)."""
     config = layer.get_config()
     config.update(num_heads=layer.num_heads // shards, name=f"{layer.name}_shard_{k}")
     part = type(layer).from_config(config)
     query_shape, value_shape, key_shape = (_input_shape(dense) for dense in _projections(layer))
     part.build(query_shape, value_shape, key_shape)
     _drop_output_bias(part, query_shape)
-    for mine, whole in zip(_sublayers(part), _sublayers(layer), strict=True):
-        for variable, source in zip(mine.weights, whole.weights, strict=False):
-            variable.assign(_slice(source.numpy(), variable.shape, shards, k))
     return part
+
+
+def _copy_slices(part, whole, shards: int, k: int) -> None:
+    """Each trainable weight of ``part`` set to its namesake's in ``whole`` (the same path below the layer), cut
+    to shard k's slice."""
+    source = {w.path.removeprefix(f"{whole.path}/"): w for w in whole.trainable_weights}
+    for variable in part.trainable_weights:
+        values = source[variable.path.removeprefix(f"{part.path}/")].numpy()
+        variable.assign(_slice(values, variable.shape, shards, k))
 
 
 def _projections(layer) -> tuple:
     return layer._query_dense, layer._value_dense, layer._key_dense
-
-
-def _sublayers(layer) -> list:
-    names = ("_query_dense", "_key_dense", "_value_dense", "_gate_dense", "_output_dense")
-    return [getattr(layer, name) for name in names if getattr(layer, name, None) is not None]
 
 
 def _input_shape(dense) -> tuple:

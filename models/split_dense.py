@@ -27,7 +27,7 @@ def check(layer, path: str, shards: int, named: str, how: str) -> None:
     """Refuses a layer that is not a plain Dense layer, or whose split dimension ``shards`` does not divide."""
     if type(layer) is not keras.layers.Dense:
         raise ModelError(
-            f"--tensor_layout: layer {path!r} is a {type(layer).__name__}; {how} splits a "
+            f"layer {path!r} is a {type(layer).__name__}; {how} splits a "
             "Dense layer (a MultiHeadAttention splits by heads; a layer of another kind splits in the model's own "
             "code, with models.sharded)"
         )
@@ -35,7 +35,7 @@ def check(layer, path: str, shards: int, named: str, how: str) -> None:
     size, what = (layer.units, "units") if how == "column" else (layer.kernel.shape[0], "inputs")
     if size % shards:
         raise ModelError(
-            f"--tensor_layout: {named} must divide the {what} ({size}) of layer {path!r}, "
+            f"{named} must divide the {what} ({size}) of layer {path!r}, "
             f"split by {how}: each shard holds an equal slice; use a shard count that divides {size}"
         )
 
@@ -45,7 +45,7 @@ def refuse_extras(layer, path: str) -> None:
     kept = [name for name in EXTRAS if getattr(layer, name, None) or getattr(layer, f"_{name}", None)]
     if kept or getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
         what = ", ".join(kept) or "LoRA or quantization"
-        raise ModelError(f"--tensor_layout: layer {path!r} has {what}, which a split layer does not keep")
+        raise ModelError(f"layer {path!r} has {what}, which a split layer does not keep")
 
 
 def _weights(layer) -> dict:

@@ -18,6 +18,11 @@ real positions do not depend on what padding holds. Logits are float32 whatever 
 mixed precision the blocks compute in 16 bits; the head's output is cast, as the trainer does for the
 registry's models).
 
+The model knows nothing of tensor parallelism: it is split from outside by its plan, ``tensor_plan``
+(`models.layout`: the embedding and the head by vocabulary, each block's attention by heads, its MLP by columns
+then rows), as any model a user brings. Split by vocabulary, the head gives a tuple of vocabulary shards
+(`models.vocab_shards`: ``cross_entropy``, ``argmax`` and ``whole`` take either form).
+
 ``cached_call`` is the incremental path of generation (tasks/lm_generate.py): the keys and values of earlier
 positions are kept per block in a cache of ``context`` positions, so a new position costs one position's
 projections and MLP, and attention over the positions up to it. It computes ``call``'s ops at those positions
@@ -30,7 +35,7 @@ from __future__ import annotations
 import keras
 from keras import layers, ops
 
-from models import sharded, vocab_shards
+from models import vocab_shards
 from models.common import NamedDropout
 from models.registry import ModelError
 from models.stages import Piece
@@ -47,7 +52,6 @@ def transformer_lm(
     context: int = 64,
     positions: str = "learned",
     dropout: float = 0.0,
-    shards: int = 1,
 ) -> keras.Model:
     """Builds the language model (its variables exist).
 
@@ -59,24 +63,16 @@ def transformer_lm(
       context: The longest sequence the model takes (learned positions have this many rows).
       positions: "learned" (absolute embeddings, GPT-2) or "rotary" (RoPE on queries and keys, no weights).
       dropout: Dropout rate after attention weights, each residual branch and the embeddings (training only).
-      shards: Tensor-parallel shards of every wide layer (`models.sharded`): attention by heads, the MLP by
-        columns then rows, the embedding and the head by vocabulary; it must divide heads. A vocabulary it does
-        not divide is padded to the next multiple (`models.vocab_shards`: rows no token uses, masked out of the
-        logits). With more than 1 the logits are a tuple of vocabulary shards (`vocab_shards.cross_entropy`,
-        `vocab_shards.whole`).
 
     Returns:
       A built ``TransformerLM``: ids int32 [B, T] or (ids, lengths int32 [B]) -> logits float32 [B, T, vocab].
 
     Raises:
       ModelError: For a size that is not positive, heads not dividing width, an odd rotary head size, an
-        unknown ``positions``, a dropout rate outside [0, 1), or shards not dividing heads.
+        unknown ``positions``, or a dropout rate outside [0, 1).
     """
     _check_sizes(vocab_size, layers, heads, width, context, positions, dropout)
-    _check_shards(shards, heads)
-    model = TransformerLM(
-        vocab_size, layers, heads, width, context, positions, dropout, shards=shards, name="transformer_lm"
-    )
+    model = TransformerLM(vocab_size, layers, heads, width, context, positions, dropout, name="transformer_lm")
     length = min(2, context)  # 1 token would make Keras warn about a softmax over one value
     model((ops.zeros((1, length), "int32"), ops.full((1,), length, "int32")))  # creates the variables
     return model
@@ -105,41 +101,30 @@ def _check_sizes(vocab_size, layers_, heads, width, context, positions, dropout)
         raise ModelError(f"transformer_lm: dropout ({dropout}) must be in [0, 1)")
 
 
-def _check_shards(shards, heads) -> None:
-    """Heads cannot be padded (a padded head would change the attention's output); the vocabulary is."""
-    if not isinstance(shards, int) or shards < 1:
-        raise ModelError(f"transformer_lm: shards ({shards!r}) must be a positive integer")
-    if heads % shards:
-        raise ModelError(
-            f"transformer_lm: --tensor_shards ({shards}) must divide the heads ({heads}): each shard holds an "
-            f"equal slice of them; pick a shard count that divides {heads}"
-        )
-
-
 @keras.saving.register_keras_serializable(package="towerflow")
 class TransformerLM(keras.Model):
     """The decoder-only Transformer; see the module docstring. Build it with ``transformer_lm``."""
 
-    def __init__(self, vocab_size, layers_, heads, width, context, positions, dropout, shards=1, **kwargs):
+    tensor_plan = (  # how `models.layout` splits it over tensor-parallel shards
+        ("token_embedding", "vocabulary"),
+        (r"block_\d+/attention", "heads"),
+        (r"block_\d+/mlp_in", "column"),
+        (r"block_\d+/mlp_out", "row"),
+        ("head", "vocabulary"),
+    )
+
+    def __init__(self, vocab_size, layers_, heads, width, context, positions, dropout, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size, self.context, self.positions = vocab_size, context, positions
-        self.token_embedding = (
-            layers.Embedding(vocab_size, width, name="token_embedding")
-            if shards == 1
-            else vocab_shards.VocabEmbedding(vocab_size, width, shards, name="token_embedding")
-        )
+        self.token_embedding = layers.Embedding(vocab_size, width, name="token_embedding")
         self.position_embedding = (
             layers.Embedding(context, width, name="position_embedding") if positions == "learned" else None
         )
         self.embedding_dropout = NamedDropout(dropout, name="embedding_dropout")
         rotary = positions == "rotary"
-        self.blocks = [Block(heads, width, dropout, rotary, shards, name=f"block_{i}") for i in range(layers_)]
+        self.blocks = [Block(heads, width, dropout, rotary, name=f"block_{i}") for i in range(layers_)]
         self.final_norm = layers.LayerNormalization(epsilon=1e-5, name="final_norm")
-        self.head = (
-            layers.Dense(vocab_size, use_bias=False, name="head")
-            if shards == 1
-            else vocab_shards.VocabHead(vocab_size, shards, name="head")
-        )
+        self.head = layers.Dense(vocab_size, use_bias=False, name="head")
 
     def call(self, inputs, training=False):
         for piece in self.pipeline_pieces():
@@ -220,14 +205,13 @@ def attention_mask(length, lengths=None):
 class Block(layers.Layer):
     """x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)) (pre-LayerNorm, as GPT-2)."""
 
-    def __init__(self, heads, width, dropout, rotary, shards=1, **kwargs):
+    def __init__(self, heads, width, dropout, rotary, **kwargs):
         super().__init__(**kwargs)
-        self.shards = shards
         self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
-        self.attention = CausalSelfAttention(heads, width, dropout, rotary, shards, name="attention")
+        self.attention = CausalSelfAttention(heads, width, dropout, rotary, name="attention")
         self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
-        self.mlp_in = _column(4 * width, shards, "gelu", "mlp_in")
-        self.mlp_out = _row(width, shards, "mlp_out")
+        self.mlp_in = layers.Dense(4 * width, activation="gelu", name="mlp_in")
+        self.mlp_out = layers.Dense(width, name="mlp_out")
         self.mlp_dropout = NamedDropout(dropout, name="mlp_dropout")
 
     def call(self, x, mask, training=False):
@@ -241,64 +225,59 @@ class Block(layers.Layer):
         return x + self._mlp(x), cache
 
     def _mlp(self, x):
-        x = self.mlp_norm(x)
-        if self.shards == 1:
-            return self.mlp_out(self.mlp_in(x))
-        copies = sharded.to_shards(x, self.shards)
-        partials = [
-            sharded.run(k, self.shards, self._mlp_pass(k), (copies[k],), (self.mlp_in.parts[k], self.mlp_out.parts[k]))
-            for k in range(self.shards)
-        ]
-        return self.mlp_out.finish(partials)
-
-    def _mlp_pass(self, k: int):
-        """Shard k's MLP: its columns of the first layer, GELU, its rows of the second (a partial output)."""
-        return lambda x: self.mlp_out.parts[k](self.mlp_in.parts[k](x))
-
-
-def _column(units, shards, activation, name):
-    """A Dense layer, or with shards its column slices (`sharded.Column`: per-shard outputs)."""
-    if shards == 1:
-        return layers.Dense(units, activation=activation, name=name)
-    return sharded.Column(units, shards, activation, name=name)
-
-
-def _row(units, shards, name):
-    """A Dense layer, or with shards its row slices (`sharded.Row`: per-shard inputs, one output)."""
-    return layers.Dense(units, name=name) if shards == 1 else sharded.Row(units, shards, name=name)
+        return self.mlp_out(self.mlp_in(self.mlp_norm(x)))
 
 
 class CausalSelfAttention(layers.Layer):
-    """Multi-head self-attention with a given key mask; rotary positions on queries and keys if asked. With
-    shards, shard k holds heads [k*heads/shards, (k+1)*heads/shards): its query, key and value columns, and the
-    output projection's rows for them; it projects, attends and multiplies by its rows on its own device, and
-    the partial outputs are added along the shards' tree (`models.sharded`)."""
+    """Multi-head self-attention with a given key mask; rotary positions on queries and keys if asked.
 
-    def __init__(self, heads, width, dropout, rotary, shards=1, **kwargs):
+    Split by heads (`models.split_attention`), shard k of N is ``heads_shard(N, k)``: this layer over heads
+    [k*heads/N, (k+1)*heads/N), its output projection without the bias and no output dropout (the split layer
+    adds the bias once to the shards' sum, then applies ``output_dropout``)."""
+
+    def __init__(self, heads, width, dropout, rotary, head_size=None, whole=True, **kwargs):
         super().__init__(**kwargs)
-        self.heads, self.head_size, self.rotary, self.shards = heads, width // heads, rotary, shards
-        self.query = _column(width, shards, None, "query")
-        self.key = _column(width, shards, None, "key")
-        self.value = _column(width, shards, None, "value")
-        self.output_projection = _row(width, shards, "output")
+        self.heads, self.width, self.rotary, self.dropout = heads, width, rotary, dropout
+        self.head_size = head_size or width // heads
+        inner = heads * self.head_size
+        self.query = layers.Dense(inner, name="query")
+        self.key = layers.Dense(inner, name="key")
+        self.value = layers.Dense(inner, name="value")
+        self.output_projection = layers.Dense(width, use_bias=whole, name="output")
         self.weights_dropout = NamedDropout(dropout, name="weights_dropout")
-        self.output_dropout = NamedDropout(dropout, name="output_dropout")
+        self.output_dropout = NamedDropout(dropout if whole else 0.0, name="output_dropout")
+
+    def build(self, x_shape, mask_shape=None):
+        """The projections and dropouts, in the order a first call makes them (so a model's bits do not depend
+        on whether it was built by a call or here)."""
+        del mask_shape
+        for projection in (self.query, self.key, self.value):
+            projection.build(x_shape)
+        self.weights_dropout.build(None)
+        self.output_projection.build((*x_shape[:-1], self.heads * self.head_size))
+        self.output_dropout.build(None)
+
+    def heads_shard(self, shards: int, k: int) -> CausalSelfAttention:
+        """Shard k of ``shards`` by heads, built (its weights set by the caller, `models.split_attention`)."""
+        part = CausalSelfAttention(
+            self.heads // shards,
+            self.width,
+            self.dropout,
+            self.rotary,
+            self.head_size,
+            whole=False,
+            name=f"{self.name}_shard_{k}",
+        )
+        part.build((None, None, self.width))
+        return part
 
     def call(self, x, mask, training=False):
-        if self.shards == 1:
-            return self._output(self._attend(*self._project(x), mask, training), training)
-        copies = sharded.to_shards(x, self.shards)
-        partials = [
-            sharded.run(k, self.shards, self._shard_pass(k, mask, training), (copies[k],), self._shard_layers(k))
-            for k in range(self.shards)
-        ]
-        return self.output_dropout(self.output_projection.finish(partials), training=training)
+        return self._output(self._attend(*self._project(x), mask, training), training)
 
     def cached_call(self, x, mask, positions, cache):
         """Attention of x [B, T, W] at ``positions`` (consecutive, from start) over the cached keys and values
         of the positions before and its own; returns (output, the cache [B, heads, context, head_size] with
-        these positions' keys and values written). Only the real keys (start + T) enter the scores. Shards run
-        where the caller is (generation), their heads side by side."""
+        these positions' keys and values written). Only the real keys (start + T) enter the scores."""
         q, k, v = self._project(x, positions)
         start, end = positions[0], positions[-1] + 1
         keys, values = (
@@ -307,39 +286,15 @@ class CausalSelfAttention(layers.Layer):
         )
         return self._output(self._attend(q, keys[:, :, :end], values[:, :, :end], mask, False), False), (keys, values)
 
-    def _shard_layers(self, k: int) -> tuple:
-        return tuple(layer.parts[k] for layer in (self.query, self.key, self.value, self.output_projection))
-
-    def _shard_pass(self, k: int, mask, training):
-        """Shard k's pass: its heads' projections, attention and partial output projection."""
-
-        def shard_pass(x):
-            q, key, v = (self._heads(layer.parts[k](x), self.heads // self.shards) for layer in self._columns())
-            if self.rotary:
-                q, key = rotary(q), rotary(key)
-            return self.output_projection.parts[k](self._attend(q, key, v, mask, training))
-
-        return shard_pass
-
-    def _columns(self) -> tuple:
-        return self.query, self.key, self.value
-
     def _project(self, x, positions=None):
-        """q, k, v [B, heads, T, head_size] of every head (with shards: theirs side by side, in shard order)."""
-        if self.shards == 1:
-            q, k, v = (self._heads(projection(x), self.heads) for projection in self._columns())
-        else:
-            per_shard = self.heads // self.shards
-            q, k, v = (
-                ops.concatenate([self._heads(part(x), per_shard) for part in layer.parts], axis=1)
-                for layer in self._columns()
-            )
+        """q, k, v [B, heads, T, head_size]."""
+        q, k, v = (self._heads(projection(x)) for projection in (self.query, self.key, self.value))
         if self.rotary:
             q, k = rotary(q, positions), rotary(k, positions)
         return q, k, v
 
     def _attend(self, q, k, v, mask, training):
-        """The attended values [B, T, heads of q x head_size], before the output projection."""
+        """The attended values [B, T, heads x head_size], before the output projection."""
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k) * (self.head_size**-0.5)  # (B, nh, T, T)
         # Softmax in float32 (mixed precision): 16-bit scores lose the small weights.
         scores = ops.where(mask, ops.cast(scores, "float32"), _MASKED)
@@ -349,19 +304,11 @@ class CausalSelfAttention(layers.Layer):
         return ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], q.shape[1] * self.head_size))
 
     def _output(self, attended, training):
-        """The output projection of every head's attended values (with shards: each shard's rows, added)."""
-        if self.shards == 1:
-            projected = self.output_projection(attended)
-        else:
-            parts = ops.split(attended, self.shards, axis=-1)
-            projected = self.output_projection.finish(
-                [part(x) for part, x in zip(self.output_projection.parts, parts, strict=True)]
-            )
-        return self.output_dropout(projected, training=training)
+        return self.output_dropout(self.output_projection(attended), training=training)
 
-    def _heads(self, x, heads):
+    def _heads(self, x):
         shape = ops.shape(x)
-        return ops.transpose(ops.reshape(x, (shape[0], shape[1], heads, self.head_size)), (0, 2, 1, 3))
+        return ops.transpose(ops.reshape(x, (shape[0], shape[1], self.heads, self.head_size)), (0, 2, 1, 3))
 
 
 def rotary(x, positions=None, base: float = 10000.0):

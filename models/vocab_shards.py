@@ -1,7 +1,7 @@
 """The vocabulary split over tensor-parallel shards, as Megatron-LM's vocabulary-parallel layers: the embedding
 by rows, the output head by columns, and the cross-entropy and arg-max computed on the head's shards, so no device
 holds a micro-batch's whole logits. Built on `models.sharded` (placement, the fixed tree, each shard's own pass);
-with one shard the built-in Transformer uses Keras's own layers instead (`models.transformer`).
+applied to a model's Embedding and output head by a plan's "vocabulary" (`models.layout`), from their weights.
 
 A vocabulary the shard count does not divide is padded, as Megatron-LM pads it (`--make-vocab-size-divisible-by`,
 here to a multiple of the shards only): each shard holds ceil(V/N) rows, the last ones no token uses. No id
@@ -13,9 +13,12 @@ shards divide has no padding and no mask: the model is the one without this."""
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from models.registry import ModelError
 from models.sharded import dense_parts, on_shard, run, tagged, to_shards, tree
+from models.split_dense import refuse_extras
 
 PADDED = -1e9  # a padded row's logit, float32: exp() of it less any real logit is 0, and no arg-max picks it
 
@@ -47,17 +50,67 @@ def describe_padding(facts: dict) -> str:
     )
 
 
+def check(layer, path: str, shards: int, named: str) -> None:
+    """Refuses what "vocabulary" cannot split: anything but an Embedding or a Dense head without bias or
+    activation (a vocabulary ``shards`` does not divide is padded, never refused)."""
+    del shards, named
+    embedding = type(layer) is keras.layers.Embedding
+    head = type(layer) is keras.layers.Dense and not layer.use_bias and layer.activation is keras.activations.linear
+    if not (embedding or head):
+        raise ModelError(
+            f"layer {path!r} is a {type(layer).__name__}; vocabulary splits an Embedding or an "
+            "output head (a Dense layer without bias or activation)"
+        )
+    refuse_extras(layer, path)
+
+
+def split_of(layer, shards: int):
+    """The vocabulary split of an Embedding (`VocabEmbedding`) or an output head (`VocabHead`), from its weights."""
+    if isinstance(layer, keras.layers.Embedding):
+        table = layer.embeddings.numpy()
+        return VocabEmbedding(table.shape[0], table.shape[1], shards, table=table, name=layer.name)
+    kernel = layer.kernel.numpy()
+    return VocabHead(kernel.shape[1], shards, kernel=kernel, name=layer.name)
+
+
+def _padded_slices(values: np.ndarray, shards: int, axis: int) -> list:
+    """``values`` padded with zeros along ``axis`` to a multiple of ``shards``, cut in ``shards`` equal slices."""
+    extra = padded(values.shape[axis], shards) - values.shape[axis]
+    widths = [(0, extra if i == axis else 0) for i in range(values.ndim)]
+    return np.split(np.pad(values, widths), shards, axis=axis)
+
+
+def _constant(values):
+    return lambda shape, dtype=None: tf.constant(values, dtype=dtype)
+
+
 class VocabEmbedding(keras.layers.Layer):
     """An Embedding of ``vocab`` rows kept as ``shards`` slices of ceil(vocab/shards) rows (the last padded,
     never looked up): shard k looks up the ids in its range (others give zeros), and the shards' rows are added
-    along the tree (one of them is not zero)."""
+    along the tree (one of them is not zero). ``table`` [vocab, width]: the slices start as its rows (the padded
+    ones as zeros); None, each part's own initializer."""
 
-    def __init__(self, vocab: int, width: int, shards: int, **kwargs):
+    split_how = "vocabulary"
+
+    def __init__(self, vocab: int, width: int, shards: int, table=None, **kwargs):
         super().__init__(**kwargs)
         self.vocab, self.width, self.shards, self.rows = vocab, width, shards, padded(vocab, shards) // shards
+        starts = ["uniform"] * shards if table is None else [_constant(t) for t in _padded_slices(table, shards, 0)]
         self.parts = [
-            tagged(keras.layers.Embedding(self.rows, width, name=f"{self.name}_shard_{k}"), k) for k in range(shards)
+            tagged(
+                keras.layers.Embedding(self.rows, width, embeddings_initializer=start, name=f"{self.name}_shard_{k}"), k
+            )
+            for k, start in enumerate(starts)
         ]
+        self.built = False
+
+    def build(self, input_shape=None):
+        for part in self.parts:
+            part.build(input_shape)
+        self.built = True
+
+    def build_like(self, layer) -> None:
+        self.build()
 
     def call(self, ids):
         found = [run(k, self.shards, self._lookup(k, ids), (), (part,)) for k, part in enumerate(self.parts)]
@@ -78,10 +131,22 @@ class VocabHead(keras.layers.Layer):
     logits, float32, on its device, a padded column's ``PADDED``. No device holds a micro-batch's whole logits:
     ``cross_entropy`` and ``argmax`` work on them."""
 
-    def __init__(self, vocab: int, shards: int, **kwargs):
+    split_how = "vocabulary"
+
+    def __init__(self, vocab: int, shards: int, kernel=None, **kwargs):
         super().__init__(**kwargs)
         self.vocab, self.shards, self.rows = vocab, shards, padded(vocab, shards) // shards
-        self.parts = dense_parts(self.name, self.rows, shards, use_bias=False)
+        kernels = None if kernel is None else _padded_slices(kernel, shards, 1)
+        self.parts = dense_parts(self.name, self.rows, shards, kernels, use_bias=False)
+        self.built = False
+
+    def build(self, input_shape):
+        for part in self.parts:
+            part.build(input_shape)
+        self.built = True
+
+    def build_like(self, layer) -> None:
+        self.build((None, layer.kernel.shape[0]))
 
     def call(self, x):
         copies = to_shards(x, self.shards)

@@ -108,11 +108,10 @@ class LanguageModel(Task):
     # --- model and objective ---------------------------------------------------------------------------------
 
     def build_model(self) -> keras.Model:
-        # --tensor_shards: each wide layer in that many shards (models.sharded); its logits are then a tuple of
-        # vocabulary shards, which loss, metrics and serving take through `sharded`.
-        shards = self.config.towers.tensor.shards
+        # Split over tensor-parallel shards by the engine, from the model's own plan (models.layout): its logits
+        # may then be a tuple of vocabulary shards, which loss, metrics and serving take through `vocab_shards`.
         return transformer_lm(
-            self.vocab_size, self.layers, self.heads, self.width, self.context, self.positions, self.dropout, shards
+            self.vocab_size, self.layers, self.heads, self.width, self.context, self.positions, self.dropout
         )
 
     def model_description(self, model: keras.Model) -> str:

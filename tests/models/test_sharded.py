@@ -17,10 +17,11 @@ pytestmark = pytest.mark.quick
 def model():
     import keras
 
+    from models import layout
     from models.transformer import transformer_lm
 
     keras.utils.set_random_seed(3)
-    return transformer_lm(256, layers=1, heads=4, width=16, context=8, shards=4)
+    return layout.split_model(transformer_lm(256, layers=1, heads=4, width=16, context=8), (), 4)
 
 
 def _ids(batch=3, length=8, seed=0, vocab=256):
@@ -49,11 +50,11 @@ def test_a_padded_vocabulary_is_the_unpadded_softmax_and_never_picked(vocab, row
     and the loss gives their head columns no gradient."""
     import keras
 
-    from models import vocab_shards
+    from models import layout, vocab_shards
     from models.transformer import transformer_lm
 
     keras.utils.set_random_seed(3)
-    padded = transformer_lm(vocab, layers=1, heads=4, width=16, context=8, shards=4)
+    padded = layout.split_model(transformer_lm(vocab, layers=1, heads=4, width=16, context=8), (), 4)
     ids, targets = _ids(vocab=vocab), _ids(seed=1, vocab=vocab)
     kernels = [part.kernel for part in padded.head.parts]
 
@@ -121,19 +122,19 @@ def test_each_shard_owns_its_slice_and_nothing_else(model):
     by_shard = {k: [v.path for v in model.variables if owners.get(id(v)) == k] for k in range(4)}
     assert by_shard[2] == [
         "transformer_lm/token_embedding/token_embedding_shard_2/embeddings",
-        "transformer_lm/block_0/attention/query_shard_2/kernel",
-        "transformer_lm/block_0/attention/query_shard_2/bias",
-        "transformer_lm/block_0/attention/key_shard_2/kernel",
-        "transformer_lm/block_0/attention/key_shard_2/bias",
-        "transformer_lm/block_0/attention/value_shard_2/kernel",
-        "transformer_lm/block_0/attention/value_shard_2/bias",
-        "transformer_lm/block_0/attention/output_shard_2/kernel",
-        "transformer_lm/block_0/mlp_in_shard_2/kernel",
-        "transformer_lm/block_0/mlp_in_shard_2/bias",
-        "transformer_lm/block_0/mlp_out_shard_2/kernel",
+        "transformer_lm/block_0/attention/attention_shard_2/query/kernel",
+        "transformer_lm/block_0/attention/attention_shard_2/query/bias",
+        "transformer_lm/block_0/attention/attention_shard_2/key/kernel",
+        "transformer_lm/block_0/attention/attention_shard_2/key/bias",
+        "transformer_lm/block_0/attention/attention_shard_2/value/kernel",
+        "transformer_lm/block_0/attention/attention_shard_2/value/bias",
+        "transformer_lm/block_0/attention/attention_shard_2/output/kernel",
+        "transformer_lm/block_0/mlp_in/mlp_in_shard_2/kernel",
+        "transformer_lm/block_0/mlp_in/mlp_in_shard_2/bias",
+        "transformer_lm/block_0/mlp_out/mlp_out_shard_2/kernel",
         "transformer_lm/head/head_shard_2/kernel",
     ]
     assert sharded.shard_count(model) == 4
     kernel = {v.path: tuple(v.shape) for v in model.variables}
-    assert kernel["transformer_lm/block_0/mlp_in_shard_2/kernel"] == (16, 16)  # 64 hidden units / 4
-    assert kernel["transformer_lm/block_0/attention/output_shard_2/kernel"] == (4, 16)  # one head's rows
+    assert kernel["transformer_lm/block_0/mlp_in/mlp_in_shard_2/kernel"] == (16, 16)  # 64 hidden units / 4
+    assert kernel["transformer_lm/block_0/attention/attention_shard_2/output/kernel"] == (4, 16)  # one head's rows

@@ -147,10 +147,7 @@ def _build_placed_model(config: RunConfig, placement: devices.Placement, task: t
     each shard's on its device of the (stage's) tower, the rest on the tower's first device."""
     plan, split = config.towers.pipeline, config.towers.tensor
 
-    def build_fn():
-        model = task.build_model()
-        return layout.split(model, layout.plan_for(model, split.layout, split.shards), split.shards, split.shards_named)
-
+    build_fn = lambda: layout.split_model(task.build_model(), split.layout, split.shards, split.shards_named)  # noqa: E731
     reseed = lambda: keras.utils.set_random_seed(config.seed)  # noqa: E731
     if plan.stages > 1 or split.parallel > 1:
         owners_of = lambda model: _stage_and_shard_owners(model, plan, split)  # noqa: E731

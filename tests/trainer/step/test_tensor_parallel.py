@@ -162,12 +162,18 @@ def test_a_model_without_split_layers_is_refused(make_config, tmp_path, parallel
 
 @pytest.mark.quick
 def test_shards_that_do_not_divide_the_heads_are_refused():
-    """Heads cannot be padded (the vocabulary is: tests/models/test_sharded.py)."""
+    """Heads cannot be padded (the vocabulary is: tests/models/test_sharded.py); the line names the plan."""
+    from models import layout
     from models.registry import ModelError
     from models.transformer import transformer_lm
 
-    with pytest.raises(ModelError, match=r"--tensor_shards \(4\) must divide the heads \(3\)"):
-        transformer_lm(65, layers=1, heads=3, width=36, context=8, shards=4)
+    message = (
+        "model 'transformer_lm''s built-in tensor plan: --tensor_shards (4) must divide the heads (3) of layer "
+        "'block_0/attention': each shard holds whole heads; use a shard count that divides 3"
+    )
+    with pytest.raises(ModelError) as refused:
+        layout.split_model(transformer_lm(65, layers=1, heads=3, width=36, context=8), (), 4)
+    assert str(refused.value) == message
 
 
 def test_two_tasks_of_t2_killed_after_a_checkpoint_resume_in_one_process_at_t4_bitwise(records, one_device, tmp_path):
