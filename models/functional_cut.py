@@ -84,7 +84,7 @@ def functional_pieces(model: keras.Model) -> list[tuple]:
     """(name, call(inputs, training), layers) of each piece of the functional `model`, in order."""
     everything = {id(t): i for i, t in enumerate(model.inputs)}
     parts = _level_parts(model, everything, "")
-    start = _single(model.input)
+    start = _input(model)
     parts[0].steps.insert(0, _Start(keras.Model(start, start, name=f"{model.name}_inputs")))
     carried = [sorted(set().union(*[p.reads for p in parts[i + 1 :]])) for i in range(len(parts))]
     names = _unique_names(parts)
@@ -115,7 +115,7 @@ def _call(steps: list, reads_in: list, reads_out: list):
 def _level_parts(model: keras.Model, free: dict, path: str) -> list[_Part]:
     """The parts of `model` (the top one or a nested one), whose inputs in `free` (id -> index among the top
     model's inputs) may cross its cuts."""
-    bounds = [_single(model.input), *_places(model, free), _single(model.outputs)]
+    bounds = [_input(model), *_places(model, free), _single(model.outputs)]
     parts = []
     for i in range(len(bounds) - 1):
         parts += _segment(model, free, bounds[i], bounds[i + 1], path, f"{model.name}_piece_{i}")
@@ -223,6 +223,11 @@ def is_functional(model) -> bool:
 
 def _own_layers(model: keras.Model) -> list:
     return [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+
+
+def _input(model: keras.Model):
+    """`model`'s inputs, the nest it was built on (a Sequential model: its one input)."""
+    return _single(model.inputs if isinstance(model, keras.Sequential) else model.input)
 
 
 def _single(tensors):

@@ -110,3 +110,12 @@ def test_a_nested_model_a_tensor_passes_around_stays_whole():
     out = keras.layers.Add(name="residual")([embedded, _inner()([embedded, x])])
     model = keras.Model(x, out, name="around")
     assert [[layer.name for layer in p.layers] for p in stages.pieces(model)] == [["embed"], ["inner", "residual"]]
+
+
+@pytest.mark.quick
+def test_a_sequential_model_nested_in_a_sequential_model_is_cut_inside():
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="i1"), keras.layers.Dense(4, name="i2")])
+    model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2, name="o")], name="outer")
+    assert [p.name for p in stages.pieces(model)] == ["i1", "i2", "o"]
+    values = np.arange(8.0).reshape(2, 4)
+    assert np.array_equal(_through(stages.cut(model, 3), values)[-1].numpy(), model(values).numpy())
