@@ -5,9 +5,12 @@ A model is first a sequence of *pieces*, the places it may be cut between:
 - a model with a ``pipeline_pieces()`` method gives its own (``models.transformer.TransformerLM``: the
   embedding, each block, the final norm and head); its ``call`` runs the same pieces, so a cut computes
   exactly the ops of the whole model;
-- a Keras functional model is cut where its graph narrows to one tensor: a layer output every path from the
-  inputs to the outputs goes through. A skip connection is never cut: the layers it spans stay in one piece
-  (a ResNet is cut between its residual blocks, never inside one), so one tensor crosses each cut;
+- a Keras functional model is cut where its graph narrows to one tensor and the model's inputs: a layer output
+  every path from the inputs to the outputs goes through, besides paths from an input. A skip connection is
+  never cut: the layers it spans stay in one piece (a ResNet is cut between its residual blocks, never inside
+  one). The tensor crosses the cut, with the model inputs later layers read (``(tensor, (inputs...))``). A
+  nested functional model (a Keras Hub backbone, one layer of the task's model) is cut inside at its own
+  places (its blocks); ``models.functional_cut`` says exactly what crosses;
 - any other model cannot be cut, and ``pieces`` says so.
 
 ``cut`` then groups the pieces into S contiguous stages: after the pieces the user names (``--pipeline_cuts``),
@@ -24,6 +27,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
+from models import functional_cut
 from models.registry import ModelError
 
 
@@ -68,63 +72,12 @@ def pieces(model: keras.Model) -> list[Piece]:
     own = getattr(model, "pipeline_pieces", None)
     if own is not None:
         return list(own())
-    if not _is_functional(model):
+    if not functional_cut.is_functional(model):
         raise ModelError(
             f"model {model.name!r} cannot be cut into pipeline stages: it is not a Keras functional model and "
             "has no pipeline_pieces() method (docs/pipelines.md says how to give one)"
         )
-    return _functional_pieces(model)
-
-
-def _functional_pieces(model: keras.Model) -> list[Piece]:
-    """The sub-models between the layer outputs where `model`'s graph narrows to one tensor."""
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    everything = {id(layer) for layer in layers}
-    boundaries, covered = [model.inputs], set()
-    for layer in layers[:-1]:
-        output = layer.output
-        if not isinstance(output, keras.KerasTensor):
-            continue  # several outputs: not one tensor
-        try:
-            before = [id(x) for x in _own_layers(keras.Model(boundaries[-1], output))]
-            after = [id(x) for x in _own_layers(keras.Model(output, model.outputs))]
-        except ValueError:
-            continue  # a path around this tensor: a skip connection crosses it
-        ids = before + after
-        if len(ids) == len(set(ids)) and not covered & set(ids) and covered | set(ids) == everything:
-            boundaries.append(output)
-            covered |= set(before)
-    boundaries.append(model.outputs)
-    out = []
-    for i in range(len(boundaries) - 1):
-        sub = keras.Model(_single(boundaries[i]), _single(boundaries[i + 1]), name=f"{model.name}_piece_{i}")
-        own = tuple(_own_layers(sub))
-        out.append(Piece(own[-1].name if own else sub.name, _functional_call(sub), own))
-    return out
-
-
-def _is_functional(model) -> bool:
-    """A Keras functional (or Sequential) model: one whose inputs and outputs are symbolic tensors."""
-    try:
-        ends = keras.tree.flatten(model.inputs) + keras.tree.flatten(model.outputs)
-    except (AttributeError, ValueError):
-        return False
-    return bool(ends) and all(isinstance(x, keras.KerasTensor) for x in ends)
-
-
-def _own_layers(model: keras.Model) -> list:
-    return [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-
-
-def _single(tensors):
-    return tensors[0] if isinstance(tensors, list) and len(tensors) == 1 else tensors
-
-
-def _functional_call(sub: keras.Model) -> Callable:
-    def call(inputs, training):
-        return sub.call(inputs, training=training)
-
-    return call
+    return [Piece(*found) for found in functional_cut.functional_pieces(model)]
 
 
 def cut(model: keras.Model, num_stages: int, after: tuple[str, ...] = ()) -> list[Stage]:

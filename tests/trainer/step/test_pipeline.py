@@ -3,7 +3,8 @@ data-parallel training at fixed K, read as weights_sha256; the traced step's ord
 Where a model is cut and what the schedules keep in flight: test_pipeline_cut.py.
 
 The language model's stages (its blocks, 4x1 / 2x2 / 1x4, on two tasks, killed and resumed with another S) are
-in tests/tasks/test_lm_training.py, beside its one-tower reference.
+in tests/tasks/test_lm_training.py, beside its one-tower reference; a user task over a Keras Hub GPT-2 backbone,
+cut inside the backbone (models/functional_cut.py), is here.
 """
 
 import numpy as np
@@ -78,6 +79,30 @@ def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
     recomputing = [s for s in range(num_stages) if remat and (schedule == "gpipe" or s < num_stages - 1)]
     assert pipeline["recomputing_stages"] == recomputing
     assert result["parameter_devices"] == [f"/job:localhost/replica:0/task:0/device:CPU:{s}" for s in range(num_stages)]
+
+
+def test_a_keras_hub_backbone_trains_the_data_parallel_weights_cut_between_its_layers(tmp_path, make_config):
+    """tests/support/hub_task.py `HubGPT2` (a GPT2Backbone, dropout 0.1, nested in the task's model) at S = 2, cut
+    after the embeddings' dropout: the block, with the padding mask crossing beside the activation, on the second
+    device. The weights of 2 towers without stages. Two runs of 2 steps: about 30 s."""
+    pytest.importorskip("keras_hub")
+    from tests.support import hub_task
+    from trainer.loop.run import train
+
+    train_data, eval_data = hub_task.write_records(str(tmp_path))
+    runs = {}
+    for num_stages, cuts in ((1, ()), (2, ("embeddings_dropout",))):
+        config = make_config(
+            model_dir=tmp_path / f"s{num_stages}",
+            towers={"global_batch_size": 4, "micro_batches": 2, "pipeline_stages": num_stages, "pipeline_cuts": cuts},
+            loop={"train_steps": 2, "log_every_steps": 1},
+            data={"train_data": train_data, "eval_data": eval_data},
+            task={"name": "tests.support.hub_task:HubGPT2"},
+        )
+        runs[num_stages] = train(config)
+    assert runs[2]["pipeline"]["stage_pieces"] == ["token_embedding..embeddings_dropout", "transformer_layer_0..head"]
+    assert runs[2]["weights_sha256"] == runs[1]["weights_sha256"]
+    assert (runs[2]["train_loss"], runs[2]["eval_loss"]) == (runs[1]["train_loss"], runs[1]["eval_loss"])
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
