@@ -27,7 +27,7 @@ GPT2_PLAN = (
 
 def _model(backbone):
     keras.utils.set_random_seed(1)
-    return hub_tasks.causal_lm(backbone(), "causal_lm")
+    return hub_tasks.task_model(backbone(), "causal_lm", tied=True)
 
 
 def _inputs():

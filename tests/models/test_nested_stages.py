@@ -20,11 +20,11 @@ MASK = np.array([[1] * 8, [1] * 5 + [0] * 3])
 
 def _hub_model(backbone: str) -> keras.Model:
     pytest.importorskip("keras_hub")
-    from tests.support import hub_task
+    from tests.support import hub_tasks
 
     keras.utils.set_random_seed(1)
-    build = hub_task.gpt2_backbone if backbone == "gpt2" else hub_task.llama_backbone
-    return hub_task.task_model(build(), name=f"hub_{backbone}")
+    build = hub_tasks.gpt2_backbone if backbone == "gpt2" else hub_tasks.llama_backbone
+    return hub_tasks.task_model(build(), name=f"hub_{backbone}")
 
 
 def _through(cut: list, inputs, training=False) -> list:
@@ -65,9 +65,9 @@ def test_a_tied_head_is_refused_as_tied_weights():
     """A head that reads the backbone's embedding (`token_embedding(x, reverse=True)`, GPT2CausalLM's) shares its
     variable with the first piece: no stage can own it."""
     pytest.importorskip("keras_hub")
-    from tests.support import hub_task
+    from tests.support import hub_tasks
 
-    backbone = hub_task.gpt2_backbone()
+    backbone = hub_tasks.gpt2_backbone()
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("token_ids", "padding_mask")}
     logits = backbone.token_embedding(backbone(inputs), reverse=True)
     with pytest.raises(ModelError, match=r"variable token_embedding/embeddings is used by pipeline stages 0 and 1: a"):

@@ -12,7 +12,7 @@ from tests.support.runs import cpu_flags, run_trainer
 
 pytest.importorskip("keras_hub")
 
-TASK = "tests.support.hub_tasks:HubGPT2"
+TASK = "tests.support.hub_tasks:TiedGPT2"
 STEPS = 6
 
 
