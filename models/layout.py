@@ -23,7 +23,6 @@ columns then rows; Keras Hub's Llama blocks: the SwiGLU MLP (gate and up by colu
 
 from __future__ import annotations
 
-import functools
 import re
 
 import keras
@@ -32,10 +31,10 @@ from keras.src.models.functional import Functional  # what keras.models.clone_mo
 from models import sharded, split_attention, split_dense, surgery, vocab_shards
 from models.registry import ModelError
 
-SPLITS = {  # how -> (the split layer of a layer, the check that refuses what it cannot split)
-    "column": (split_dense.ColumnDense.of, functools.partial(split_dense.check, how="column")),
-    "row": (split_dense.RowDense.of, functools.partial(split_dense.check, how="row")),
-    "heads": (split_attention.HeadsAttention.of, split_attention.check),
+SPLITS = {  # how -> (the split of a layer: maker(layer, shards, in_graph), the check refusing what it cannot split)
+    "column": (lambda layer, shards, in_graph: split_dense.ColumnDense.of(layer, shards), split_dense.column_check),
+    "row": (lambda layer, shards, in_graph: split_dense.RowDense.of(layer, shards), split_dense.row_check),
+    "heads": (lambda layer, shards, in_graph: split_attention.HeadsAttention.of(layer, shards), split_attention.check),
     "vocabulary": (vocab_shards.split_of, vocab_shards.check),
 }
 HOWS = tuple(SPLITS)
@@ -93,7 +92,7 @@ def split(
             in_graph[id(layer)] = how
             continue
         with surgery.scope(layer.path):
-            new = SPLITS[how][0](layer, shards)
+            new = SPLITS[how][0](layer, shards, False)
             new.build_like(layer)
         surgery.replace(parent, layer, new)
     if not in_graph:
@@ -101,7 +100,7 @@ def split(
 
     def replace(layer):
         how = in_graph.get(id(layer))
-        return layer if how is None else SPLITS[how][0](layer, shards)
+        return layer if how is None else SPLITS[how][0](layer, shards, True)
 
     return keras.models.clone_model(model, clone_function=replace, recursive=True)
 

@@ -51,11 +51,11 @@ def describe_padding(facts: dict) -> str:
 
 
 def check(layer, path: str, shards: int, named: str) -> None:
-    """Refuses what "vocabulary" cannot split: anything but an Embedding or a Dense head without bias or
-    activation (a vocabulary ``shards`` does not divide is padded, never refused)."""
+    """Refuses what "vocabulary" cannot split: anything but an Embedding or a Dense head without activation (a
+    vocabulary ``shards`` does not divide is padded, never refused)."""
     del shards, named
     embedding = type(layer) is keras.layers.Embedding
-    head = type(layer) is keras.layers.Dense and not layer.use_bias and layer.activation is keras.activations.linear
+    head = type(layer) is keras.layers.Dense and layer.activation is keras.activations.linear
     if not (embedding or head):
         raise ModelError(
             f"layer {path!r} is a {type(layer).__name__}; vocabulary splits an Embedding or an "
@@ -64,13 +64,15 @@ def check(layer, path: str, shards: int, named: str) -> None:
     refuse_extras(layer, path)
 
 
-def split_of(layer, shards: int):
-    """The vocabulary split of an Embedding (`VocabEmbedding`) or an output head (`VocabHead`), from its weights."""
+def split_of(layer, shards: int, in_graph: bool = False):
+    """The vocabulary split of an Embedding (`VocabEmbedding`) or an output head (`VocabHead`), from its weights.
+    ``in_graph``: the head is a node of a functional model's graph, which passes on one tensor per output: its
+    shards' logits are gathered there (`whole`), on shard 0's device."""
     if isinstance(layer, keras.layers.Embedding):
         table = layer.embeddings.numpy()
         return VocabEmbedding(table.shape[0], table.shape[1], shards, table=table, name=layer.name)
-    kernel = layer.kernel.numpy()
-    return VocabHead(kernel.shape[1], shards, kernel=kernel, name=layer.name)
+    kernel, bias = layer.kernel.numpy(), (layer.bias.numpy() if layer.use_bias else None)
+    return VocabHead(kernel.shape[1], shards, kernel=kernel, bias=bias, gather=in_graph, name=layer.name)
 
 
 def _padded_slices(values: np.ndarray, shards: int, axis: int) -> list:
@@ -127,17 +129,18 @@ class VocabEmbedding(keras.layers.Layer):
 
 
 class VocabHead(keras.layers.Layer):
-    """The output head (no bias) kept as ``shards`` slices of the (padded) vocabulary: gives each shard's
+    """The output head (its bias too, if any) kept as ``shards`` slices of the (padded) vocabulary: gives each shard's
     logits, float32, on its device, a padded column's ``PADDED``. No device holds a micro-batch's whole logits:
     ``cross_entropy`` and ``argmax`` work on them."""
 
     split_how = "vocabulary"
 
-    def __init__(self, vocab: int, shards: int, kernel=None, **kwargs):
+    def __init__(self, vocab: int, shards: int, kernel=None, bias=None, gather=False, **kwargs):
         super().__init__(**kwargs)
-        self.vocab, self.shards, self.rows = vocab, shards, padded(vocab, shards) // shards
+        self.vocab, self.shards, self.rows, self.gather = vocab, shards, padded(vocab, shards) // shards, gather
         kernels = None if kernel is None else _padded_slices(kernel, shards, 1)
-        self.parts = dense_parts(self.name, self.rows, shards, kernels, use_bias=False)
+        biases = None if bias is None else _padded_slices(bias, shards, 0)
+        self.parts = dense_parts(self.name, self.rows, shards, kernels, biases, use_bias=bias is not None)
         self.built = False
 
     def build(self, input_shape):
@@ -150,7 +153,11 @@ class VocabHead(keras.layers.Layer):
 
     def call(self, x):
         copies = to_shards(x, self.shards)
-        return tuple(run(k, self.shards, self._logits(k), (copies[k],), (part,)) for k, part in enumerate(self.parts))
+        logits = tuple(run(k, self.shards, self._logits(k), (copies[k],), (part,)) for k, part in enumerate(self.parts))
+        if not self.gather:
+            return logits
+        with on_shard(0, self.shards):
+            return whole(logits, self.vocab)
 
     def _logits(self, shard: int):
         """Shard k's logits; where it holds padded columns, ``PADDED`` in them (no gradient reaches them)."""
@@ -223,3 +230,34 @@ def whole(logits, vocab: int):
         return logits
     joined = tf.concat(logits, axis=-1)
     return joined if joined.shape[-1] == vocab else joined[..., :vocab]
+
+
+def split_vocabulary(model) -> int | None:
+    """The vocabulary of ``model``'s head when it is split by vocabulary (its outputs a tuple of shards), or None."""
+    heads = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, VocabHead)]
+    return heads[0].vocab if heads else None
+
+
+def for_task(task, model, outputs):
+    """``outputs`` as ``task`` takes them: a split head's shards gathered into whole logits (`whole`) unless the
+    task computes on shards (``Task.vocabulary_shards``); anything else as it is."""
+    vocab = split_vocabulary(model)
+    return outputs if vocab is None or getattr(task, "vocabulary_shards", False) else whole(outputs, vocab)
+
+
+class Gathered(keras.Model):
+    """``model`` whose split head's logits come gathered (`whole`): what a task that does not take vocabulary
+    shards serves."""
+
+    def __init__(self, model, vocab: int):
+        super().__init__(name=model.name)
+        self.inner, self.vocab = model, vocab
+
+    def call(self, *args, **kwargs):
+        return whole(self.inner(*args, **kwargs), self.vocab)
+
+
+def served(task, model):
+    """The model ``task.serving`` is given: ``model``, or `Gathered` around it (`for_task`'s rule)."""
+    vocab = split_vocabulary(model)
+    return model if vocab is None or getattr(task, "vocabulary_shards", False) else Gathered(model, vocab)

@@ -46,12 +46,16 @@ class Task:
         `preprocess`, the default) or "labeled" (images and vectors with class labels through the built-in
         pipeline and its serving signatures; the task has `bind(example_shape, num_classes)` and a model of class
         logits, as `tasks.classify.Classify`).
+      vocabulary_shards: True when `loss`, `metrics` and `serving` take the logits of a head split by vocabulary
+        as they come, a tuple of shards (through `models.vocab_shards`' `cross_entropy`, `argmax` and `whole`, as
+        the built-in language model does); False (the default): the engine gathers them into whole logits first.
     """
 
     name = "task"
     metric_names: tuple[str, ...] = ()
     eval_metric = "loss"
     records = "features"
+    vocabulary_shards = False
     # Keys of `describe()` the model's weights are made for (a vocabulary): a resume whose data changes one is
     # refused, even with --allow_flag_changes, since the checkpoint's weights cannot serve the new records.
     model_facts: tuple[str, ...] = ()

@@ -42,6 +42,7 @@ class LanguageModel(Task):
     """A character-, byte- or subword-level language model; see the module docstring."""
 
     name = "lm"
+    vocabulary_shards = True  # loss, metrics and serving on a split head's shards (models.vocab_shards)
     metric_names = ("bits_per_byte", "accuracy")
     eval_metric = "loss"
     model_facts = ("tokens", "vocab_size", "vocab", "subword_model_sha256")  # the vocabulary its weights are for

@@ -169,8 +169,8 @@ def _check_shards(model, split) -> None:
         raise ConfigError(
             f"{split.shards_named} needs a model whose layers are split into {split.shards} shards; model "
             f"{model.name!r} has {sharded.shard_count(model)} "
-            "(name its Dense layers to split with --tensor_layout, or build it of models.sharded layers as the "
-            "built-in language model is; docs/tensor_parallel.md)"
+            "(give --tensor_layout a plan naming the layers to split: its Dense layers by column or row, its "
+            "attention by heads; docs/tensor_parallel.md)"
         )
 
 

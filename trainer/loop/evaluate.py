@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from data.options import with_run_options
+from models import vocab_shards
 from trainer.step.core import micro_batch as tw
 from trainer.step.core import tree
 from trainer.system import graphs
@@ -111,6 +112,7 @@ class Evaluator:
         """((loss sum, weight), {name: (sum, count)}) of one batch, its K parts' sums along the tree."""
         losses, weights, metrics = [], [], []
         for device, outputs, part in self._part_outputs(batch):
+            outputs = vocab_shards.for_task(self.task, self.model, outputs)
             with tf.device(device):
                 loss, weight = tw.weighted_sums(self.task, outputs, part)
                 losses.append(loss)

@@ -33,7 +33,7 @@ def start_lines(config: RunConfig, state) -> list[str]:
         f"{_mb(state.model.variables)} MB of variables "
         f"{_variables_where(state, staged)}; {t.mixed_precision or 'float32'}{', XLA' if t.jit_compile else ''}",
         *(_pipeline_lines(staged, state.placement, mode) if staged else _tower_lines(state.placement, mode, t.tensor)),
-        *_tensor_lines(state.model, t.tensor),
+        *_tensor_lines(state.model, t.tensor, state.task),
         f"batch      {t.global_batch_size} per step = {_micro_batches(t.num_micro_batches)} of {t.micro_batch_size}",
         f"data       train {_files(train.files)}, eval {_files(evaluation.files)}; {what}",
         *more,
@@ -77,10 +77,11 @@ def _tower_lines(placement, mode: str, split=None) -> list[str]:
     return [f"towers     {len(placement.towers)} of {split.parallel} devices ({mode}): {towers}"]
 
 
-def _tensor_lines(model, split) -> list[str]:
+def _tensor_lines(model, split, task=None) -> list[str]:
     """`tensor     N shards per split layer, where: the split layers`, whenever the model is kept as shards (at
     T = 1 too, where one device runs them all), or `--tensor_layout` was given; then the vocabulary's padding,
-    if the shards do not divide it (`models.vocab_shards`)."""
+    if the shards do not divide it, and the gather of a split head's logits for a task that does not take
+    vocabulary shards (`models.vocab_shards`)."""
     if split.shards == 1:
         return ["tensor     --tensor_layout splits nothing at --tensor_shards=1"] if split.layout else []
     if split.parallel == 1:
@@ -92,7 +93,16 @@ def _tensor_lines(model, split) -> list[str]:
         named = [*named[:2], "...", named[-1], f"{len(named)} layers in all"]
     padding = vocab_shards.padding(model)  # a vocabulary the shards do not divide: what padding it costs
     padded = [f"tensor     {vocab_shards.describe_padding(padding)}"] if padding else []
-    return [f"tensor     {split.shards} shards per split layer, {where}: {', '.join(named)}", *padded]
+    vocab = vocab_shards.split_vocabulary(model)
+    gathered = (
+        [
+            f"tensor     the head's {vocab} logits per position gathered on shard 0's device for the task's loss, "
+            "metrics and serving (it does not set vocabulary_shards: docs/tensor_parallel.md)"
+        ]
+        if vocab is not None and not getattr(task, "vocabulary_shards", False)
+        else []
+    )
+    return [f"tensor     {split.shards} shards per split layer, {where}: {', '.join(named)}", *padded, *gathered]
 
 
 def _micro_batches(k: int) -> str:

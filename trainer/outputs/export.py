@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from data.phase import Phase
+from models import vocab_shards
 from tasks import TaskError
 from trainer.settings.config import RunConfig
 
@@ -52,7 +53,7 @@ class TaskServing:
 
     def check(self, model: keras.Model) -> None:
         """Raises `tasks.TaskError` when the task has no signature to export (asked before training, not after)."""
-        if not self.task.serving(model):
+        if not self.task.serving(vocab_shards.served(self.task, model)):
             raise TaskError(
                 f"task {self.task.name!r}: serving() returns no signature, so there is nothing to export; define "
                 "serving(model) or pass --noexport"
@@ -61,7 +62,7 @@ class TaskServing:
     def archive(self, model: keras.Model) -> keras.export.ExportArchive:
         archive = keras.export.ExportArchive()
         archive.track(model)
-        endpoints = self.task.serving(model)
+        endpoints = self.task.serving(vocab_shards.served(self.task, model))
         for name, (function, specs) in endpoints.items():
             owner = getattr(function, "__self__", None)
             if isinstance(owner, tf.Module):  # its resources (a tokenizer, a lookup table) are saved with it

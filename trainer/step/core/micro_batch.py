@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from models import vocab_shards
 from tasks import TaskError
 from trainer.system import graphs
 
@@ -96,7 +97,7 @@ def run_micro_batch(task, model, trainable, non_trainable, batch, loss_scale=Non
         outputs, new_non_trainable, losses = model.stateless_call(
             trainable, non_trainable, task.model_inputs(batch), return_losses=True, **training_flag(model, True)
         )
-        outputs = tf.nest.map_structure(float32, outputs)
+        outputs = tf.nest.map_structure(float32, vocab_shards.for_task(task, model, outputs))
         loss, weight = weighted_sums(task, outputs, batch)
         total = loss + weight * tf.add_n([tf.cast(x, tf.float32) for x in losses]) if losses else loss
         if loss_scale is not None:
@@ -147,7 +148,8 @@ def check_task(task, model, element_spec, length: int = 1) -> None:
     shapes = [[length if d is None else d for d in [1, *spec.shape[1:]]] for spec in tf.nest.flatten(element_spec)]
     zeros = [tf.zeros(shape, spec.dtype) for shape, spec in zip(shapes, tf.nest.flatten(element_spec), strict=True)]
     batch = tf.nest.pack_sequence_as(element_spec, zeros)
-    outputs = tf.nest.map_structure(float32, model(task.model_inputs(batch), training=False))
+    outputs = model(task.model_inputs(batch), training=False)
+    outputs = tf.nest.map_structure(float32, vocab_shards.for_task(task, model, outputs))
     losses, weights = task.loss(outputs, batch)
     if tuple(losses.shape) != tuple(weights.shape):
         raise TaskError(
