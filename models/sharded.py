@@ -233,6 +233,19 @@ def _constant(values):
     return lambda shape, dtype=None: tf.constant(values, dtype=dtype)
 
 
+class DenseParts:
+    """For a layer whose ``parts`` are Dense layers of its whole input: built together, when first called or by
+    ``build_like(layer)`` (the Dense layer it splits, whose inputs they take)."""
+
+    def build(self, input_shape):
+        for part in self.parts:
+            part.build(input_shape)
+        self.built = True
+
+    def build_like(self, layer) -> None:
+        self.build((None, layer.kernel.shape[0]))
+
+
 class Column(keras.layers.Layer):
     """A Dense layer of ``units`` outputs kept as ``shards`` column slices (``parts[k]``: outputs
     [k*units/shards, (k+1)*units/shards)); a model calls each part in its shard's `run`. ``kernel`` and ``bias``

@@ -61,7 +61,7 @@ def _weights(layer) -> dict:
     return {"kernel": layer.kernel.numpy(), "bias": bias, "use_bias": layer.use_bias, "dtype": layer.dtype_policy}
 
 
-class ColumnDense(sharded.Column):
+class ColumnDense(sharded.DenseParts, sharded.Column):
     """A Dense layer split by columns, called on its own: the input copied to each shard (its gradient the tree
     sum of theirs), each shard's outputs on its device, gathered on shard 0's."""
 
@@ -74,15 +74,6 @@ class ColumnDense(sharded.Column):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.built = False  # built (its parts) when first called, or by `build_like`
-
-    def build(self, input_shape):
-        for part in self.parts:
-            part.build(input_shape)
-        self.built = True
-
-    def build_like(self, layer) -> None:
-        """Builds the parts for the inputs ``layer`` (the Dense layer split) takes."""
-        self.build((None, layer.kernel.shape[0]))
 
     def call(self, x):
         copies = sharded.to_shards(x, self.shards)

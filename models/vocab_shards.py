@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from models.registry import ModelError
-from models.sharded import dense_parts, on_shard, run, tagged, to_shards, tree
+from models.sharded import DenseParts, dense_parts, on_shard, run, tagged, to_shards, tree
 from models.split_dense import refuse_extras
 
 PADDED = -1e9  # a padded row's logit, float32: exp() of it less any real logit is 0, and no arg-max picks it
@@ -128,7 +128,7 @@ class VocabEmbedding(keras.layers.Layer):
         return lookup
 
 
-class VocabHead(keras.layers.Layer):
+class VocabHead(DenseParts, keras.layers.Layer):
     """The output head (its bias too, if any) kept as ``shards`` slices of the (padded) vocabulary: gives each shard's
     logits, float32, on its device, a padded column's ``PADDED``. No device holds a micro-batch's whole logits:
     ``cross_entropy`` and ``argmax`` work on them."""
@@ -141,15 +141,7 @@ class VocabHead(keras.layers.Layer):
         kernels = None if kernel is None else _padded_slices(kernel, shards, 1)
         biases = None if bias is None else _padded_slices(bias, shards, 0)
         self.parts = dense_parts(self.name, self.rows, shards, kernels, biases, use_bias=bias is not None)
-        self.built = False
-
-    def build(self, input_shape):
-        for part in self.parts:
-            part.build(input_shape)
-        self.built = True
-
-    def build_like(self, layer) -> None:
-        self.build((None, layer.kernel.shape[0]))
+        self.built = False  # built (its parts) when first called, or by `build_like`
 
     def call(self, x):
         copies = to_shards(x, self.shards)
