@@ -318,8 +318,17 @@ def _kill_while_saving(model_dir, delay_sec: float, log_path) -> tuple[int, list
     return recorded, sorted(unfinished)
 
 
-def test_sigkill_while_saving_every_step_resumes_bitwise(tmp_path):
-    reference = _run_trainer(tmp_path / "reference")
+def test_sigkill_while_saving_every_step_resumes_bitwise(make_config, tmp_path):
+    # The uninterrupted run's weights, trained here: _flags' run without its 40 saves (they change no bit) and
+    # without a TensorFlow start of its own.
+    reference = train(
+        make_config(
+            model_dir=tmp_path / "reference",
+            model={"name": "mlp"},
+            optimizer={"schedule": "constant"},
+            loop={"train_steps": 40, "log_every_steps": 0},
+        )
+    )
     rng = random.Random(20)
     run = tmp_path / "run"
     trials = []

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from tests.support.runs import cpu_flags, run_trainer
+from trainer.loop.run import train
 from trainer.system import stop as stop_lib
 
 FLAGS = cpu_flags(
@@ -42,9 +43,17 @@ def small_disk(tmp_path, request):
     subprocess.run(["umount", str(mount_point)], check=False)
 
 
-def test_a_full_disk_ends_the_run_cleanly_and_the_rerun_resumes_bitwise(tmp_path, small_disk):
-    reference = _trainer(tmp_path / "reference", "--checkpoint_every_steps=0")  # its weights only: no 12 saves
-    assert reference.returncode == 0, reference.stderr[-2000:]
+def _reference(make_config, tmp_path, train_steps: int) -> str:
+    """The weights of FLAGS' run to `train_steps`, uninterrupted, trained in the test's process (no TensorFlow
+    start of its own) without checkpoints, events or export: they change no bit."""
+    config = make_config(
+        model_dir=tmp_path / "reference", towers={"micro_batches": 2}, loop={"train_steps": train_steps}
+    )
+    return train(config)["weights_sha256"]
+
+
+def test_a_full_disk_ends_the_run_cleanly_and_the_rerun_resumes_bitwise(make_config, tmp_path, small_disk):
+    reference = _reference(make_config, tmp_path, 60)
     full = _trainer(small_disk / "run")
     assert full.returncode == stop_lib.EXIT_RESUMABLE, full.stdout[-1000:] + full.stderr[-2000:]
     error = full.stderr.strip().splitlines()[-1]
@@ -57,8 +66,7 @@ def test_a_full_disk_ends_the_run_cleanly_and_the_rerun_resumes_bitwise(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {small_disk / 'run' / 'checkpoints'}/ckpt-{last} at step {last}" in resumed.stdout
     metrics = json.loads((small_disk / "run" / "metrics.json").read_text())
-    expected = json.loads((tmp_path / "reference" / "metrics.json").read_text())
-    assert metrics["weights_sha256"] == expected["weights_sha256"]
+    assert metrics["weights_sha256"] == reference
 
 
 def _one_line_error(result) -> str:
@@ -70,49 +78,43 @@ def _one_line_error(result) -> str:
     return lines[0]
 
 
-def _resumes_to_the_reference(tmp_path, disk, step: int, *extra) -> None:
+def _resumes_to_the_reference(reference: str, disk, step: int, *extra) -> None:
     subprocess.run(["mount", "-o", "remount,size=200m", str(disk)], check=True)
     resumed = _trainer(disk / "run", *extra)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {disk / 'run' / 'checkpoints'}/ckpt-{step} at step {step}" in resumed.stdout
-    metrics = json.loads((disk / "run" / "metrics.json").read_text())
-    assert (
-        metrics["weights_sha256"] == json.loads((tmp_path / "reference" / "metrics.json").read_text())["weights_sha256"]
-    )
+    assert json.loads((disk / "run" / "metrics.json").read_text())["weights_sha256"] == reference
 
 
 # Histograms every step grow the events by ~16 KB a step; a checkpoint is 1.2 MB. On 4 MB, the checkpoint of
 # step 100 fits and the events fill the disk before step 200, the last (at step 174 on 2026-11-28: 26 steps,
 # ~420 KB, to spare; 300 steps trained 100 more twice, in the reference and the resume, for nothing). The
-# uninterrupted reference trains the same steps without the per-step log lines, histograms and checkpoints
-# (events only: the weights are the same; a third of the CPU).
+# uninterrupted reference (`_reference`) trains the same steps without the per-step log lines, histograms and
+# checkpoints (the weights are the same; a third of the CPU).
 EVENTS = ("--train_steps=200", "--log_every_steps=1", "--histogram_every_steps=1", "--checkpoint_every_steps=100")
-EVENTS_REFERENCE = ("--train_steps=200", "--checkpoint_every_steps=0")
 
 
 @pytest.mark.parametrize("small_disk", ["4m"], indirect=True)
-def test_a_disk_filled_by_events_ends_the_run_with_75_and_one_line(tmp_path, small_disk):
-    reference = _trainer(tmp_path / "reference", *EVENTS_REFERENCE)
-    assert reference.returncode == 0, reference.stderr[-2000:]
+def test_a_disk_filled_by_events_ends_the_run_with_75_and_one_line(make_config, tmp_path, small_disk):
+    reference = _reference(make_config, tmp_path, 200)
     error = _one_line_error(_trainer(small_disk / "run", *EVENTS))
     assert error.startswith(f"error: no space left on device writing to {small_disk / 'run'} (TensorBoard events)")
     assert error.endswith(
         f"the last whole checkpoint is {small_disk / 'run' / 'checkpoints'}/ckpt-100. Free space "
         "and rerun the same command to resume."
     )
-    _resumes_to_the_reference(tmp_path, small_disk, 100, *EVENTS)
+    _resumes_to_the_reference(reference, small_disk, 100, *EVENTS)
 
 
 # One checkpoint (1.2 MB) fits on 2 MB, the SavedModel after it (1.4 MB) does not. The reference's weights are
-# what the resumed run must reach; its export is not looked at, so it makes none (FLAGS: --noexport).
+# what the resumed run must reach; its export is not looked at, so it makes none.
 EXPORT = ("--train_steps=20", "--checkpoint_every_steps=0", "--export")
 
 
 @pytest.mark.parametrize("small_disk", ["2m"], indirect=True)
-def test_a_disk_filled_by_the_export_ends_the_run_with_75_and_one_line(tmp_path, small_disk):
-    reference = _trainer(tmp_path / "reference", *EXPORT[:-1])
-    assert reference.returncode == 0, reference.stderr[-2000:]
+def test_a_disk_filled_by_the_export_ends_the_run_with_75_and_one_line(make_config, tmp_path, small_disk):
+    reference = _reference(make_config, tmp_path, 20)
     error = _one_line_error(_trainer(small_disk / "run", *EXPORT))
     assert error.startswith(f"error: no space left on device exporting to {small_disk / 'run'}; the last whole ")
-    _resumes_to_the_reference(tmp_path, small_disk, 20, *EXPORT)
+    _resumes_to_the_reference(reference, small_disk, 20, *EXPORT)
     assert (small_disk / "run" / "export" / "20" / "saved_model.pb").exists()

@@ -1,12 +1,12 @@
 """What the SavedModel serves is what the run evaluated (issue #20), for every --augment and --normalize value.
 
 Each case trains briefly on real image records (`data.prepare synthetic`, 32x32x3, PNG or JPEG),
-then two fresh processes, each answering for all six runs, answer for the same eval files: the trainer's own
+then two fresh processes, each answering for all five runs, answer for the same eval files: the trainer's own
 eval pipeline and model (its flags from flags.txt, `trainer.loop.build.build`, the final checkpoint restored,
 `Evaluator.predictions`: the towers, split and graph that computed metrics.json's eval_accuracy), and a client
 that imports only TensorFlow and feeds the export the eval records' encoded images (`serving_default`), their
 decoded uint8 pixels (`predict_uint8`) and pixels / 255 (`predict_float`). Five runs cover each augmentation
-and each normalization (custom: per channel and one for all) at least once; a sixth trains and evaluates the
+and each normalization (custom: per channel and one for all) at least once; the first trains and evaluates the
 model split over 2 devices per tower (`--tensor_layout`), whose export is the whole model on one device. The
 model is the mlp: the cnn's BatchNorm statistics are still far from the batches' after a few dozen steps, and
 its eval answers at chance. The JPEG records (smooth, photo-like class templates) survive crops and flips; under
@@ -30,11 +30,12 @@ CUSTOM = "0.5,0.45,0.4,0.25,0.2,0.3"
 CASES = [  # (augment, normalize, image format, devices); the most devices first: the eval process builds them in order
     ("flip", "imagenet", "png", "2 towers of 2, 4 shards"),
     ("none", "none", "png", "2 towers"),
-    ("flip", "imagenet", "jpeg", "2 towers"),
     ("crop_flip", CUSTOM, "jpeg", "2 towers"),
     ("imagenet", "imagenet", "jpeg", "2 towers"),
     ("imagenet", "0.45,0.25", "jpeg", "2 towers"),
 ]
+# (flip, imagenet, jpeg, 2 towers) served what the first case and crop_flip's do: flips are the training's
+# alone, so its export decoded a JPEG whole (crop_flip's), normalized as imagenet (the first case's).
 # The tensor-parallel case: the mlp's two hidden layers split by --tensor_layout, trained and evaluated on 2 towers
 # of 2 devices, exported whole (one device).
 DEVICES = {
