@@ -1,5 +1,5 @@
 """`python -m benchmarks.probes tensor_first_step [--models=lm,hub] [--parallel=1,2,4] [--repeats=2] [--steps=3]
-[--json=FILE] [--rows=FILE] [--bytes]`: the start of a tensor-split model against the unsplit one (issue #55
+[--json=FILE] [--rows=FILE] [--bytes | --trace]`: the start of a tensor-split model against the unsplit one (issue #55
 item 6; results: benchmarks/results/tensor-first-step.md).
 
 "The unsplit one at the same T" is the same devices and micro-batches: `--num_gpus=4 --micro_batches=4` on 4
@@ -133,42 +133,65 @@ def hub_size(micro_batch: int) -> Size:
     )
 
 
-def hub_bytes(parallel: int, micro_batch: int, root: str) -> dict:
-    """One step's bytes between devices of the Keras Hub GPT-2 at N = 4 on one tower of `parallel` devices, by
-    kind, beside Megatron's counts (see the docstring)."""
-    from benchmarks.harness.tensor_parallel_graph import count
+def hub_trainer(towers: dict, root: str):
+    """The trainer of the Keras Hub GPT-2 task with `towers` (`TowerConfig`'s fields), on records under `root`."""
     from tests.support import hub_tasks
     from trainer.loop.build import build
     from trainer.settings import config as cfg
 
     train_data, eval_data = hub_tasks.write_records(root, train=64, evaluation=8)
-    towers = cfg.TowerConfig(
-        num_towers=parallel, device="cpu", global_batch_size=micro_batch, micro_batches=1,
-        tensor_parallel=parallel, tensor_shards=DEVICES,
-    )  # fmt: skip
-    config = cfg.RunConfig(
-        towers=towers,
-        loop=cfg.LoopConfig(model_dir=f"{root}/hub-{parallel}", train_steps=10, export=False),
-        data=cfg.DataConfig(train_data=train_data, eval_data=eval_data),
-        task=cfg.TaskConfig(name="tests.support.hub_tasks:HubGPT2"),
+    model_dir = f"{root}/hub-{len(os.listdir(root))}"
+    return build(
+        cfg.RunConfig(
+            towers=cfg.TowerConfig(device="cpu", **towers),
+            loop=cfg.LoopConfig(model_dir=model_dir, train_steps=10, export=False),
+            data=cfg.DataConfig(train_data=train_data, eval_data=eval_data),
+            task=cfg.TaskConfig(name="tests.support.hub_tasks:HubGPT2"),
+        )
     )
-    trainer = build(config)
+
+
+def hub_bytes(parallel: int, micro_batch: int, root: str) -> dict:
+    """One step's bytes between devices of the Keras Hub GPT-2 at N = 4 on one tower of `parallel` devices, by
+    kind, beside Megatron's counts (see the docstring)."""
+    from benchmarks.harness.tensor_parallel_graph import count
+
+    towers = {"num_towers": parallel, "global_batch_size": micro_batch, "micro_batches": 1}
+    trainer = hub_trainer({**towers, "tensor_parallel": parallel, "tensor_shards": DEVICES}, root)
     size = hub_size(micro_batch)
     try:
         counted = count(trainer.updater.step_graph(), trainer.placement.host, size)
     finally:
         trainer.updater.close()
     activations = sum(counted.kinds.get(kind, 0) for kind in ACTIVATION_KINDS)
-    split_layers = 4 * size.layers * 2 * (parallel - 1) * size.activation
     return {
         "parallel": parallel,
         "activation": size.activation,
         "total": sum(counted.sent.values()),
         "activations": activations,
         "kinds": dict(counted.kinds),
-        "megatron_split_layers": split_layers,
+        "megatron_split_layers": 4 * size.layers * 2 * (parallel - 1) * size.activation,
         "megatron_all": megatron_bytes(size, parallel),
     }
+
+
+def hub_trace(parallel: int, root: str) -> str:
+    """One line: the Keras Hub GPT-2's build and step-trace CPU seconds and its step graph's ops, as the probe's
+    runs are laid out (`parallel` 0: unsplit)."""
+    import collections
+
+    split = {"tensor_parallel": parallel, "tensor_shards": DEVICES} if parallel else {"tensor_shards": 1}
+    start = time.process_time()
+    trainer = hub_trainer({"num_towers": DEVICES, "micro_batches": 4, **split}, root)
+    built = time.process_time()
+    try:
+        ops = trainer.updater.step_graph().get_operations()
+    finally:
+        trainer.updater.close()
+    traced = time.process_time()
+    top = ", ".join(f"{kind} {n:,}" for kind, n in collections.Counter(op.type for op in ops).most_common(6))
+    layout = f"T={parallel}, N={DEVICES}" if parallel else "unsplit (N=1)"
+    return f"| {layout} | {built - start:.1f} | {traced - built:.1f} | {len(ops):,} | {top} |"
 
 
 def bytes_table(rows: list[dict]) -> str:
@@ -195,15 +218,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--rows", help="print the table of rows a --json run wrote, running nothing")
     parser.add_argument("--bytes", action="store_true", help="count the Keras Hub GPT-2's bytes per step instead")
+    parser.add_argument("--trace", action="store_true", help="the Keras Hub GPT-2's trace CPU-s and ops instead")
     parser.add_argument("--micro_batch", type=int, default=8, help="--bytes: sequences in the micro-batch")
     args = parser.parse_args(argv)
-    if args.bytes:
+    if args.bytes or args.trace:
         from trainer.system import devices
 
         devices.configure_logical_cpus(DEVICES)
-        with tempfile.TemporaryDirectory(prefix="towerflow-hub-bytes-") as root:
-            rows = [hub_bytes(t, args.micro_batch, root) for t in (2, 4)]
-        print(bytes_table(rows))
+        with tempfile.TemporaryDirectory(prefix="towerflow-hub-") as root:
+            if args.bytes:
+                print(bytes_table([hub_bytes(t, args.micro_batch, root) for t in (2, 4)]))
+            else:
+                print("| layout | build CPU-s | step trace CPU-s | step graph ops | most frequent ops |")
+                print("|---|---|---|---|---|")
+                for t in layouts([int(t) for t in args.parallel.split(",")]):
+                    print(hub_trace(t, root), flush=True)
         return 0
     if args.rows:
         rows = json.loads(pathlib.Path(args.rows).read_text())
