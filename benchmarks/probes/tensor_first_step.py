@@ -14,8 +14,9 @@ optimizer, input pipeline); first step, the figure the trainer prints (`first st
 tracing)`); later step, the shortest gap between two later step lines (`--log_every_steps=1`). The run is ended
 after its last step (its final eval is not timed). Per repeat the unsplit run comes first, then each T, so
 each figure's neighbours ran under the same load; the 1-minute load average at each run's start and end is
-recorded beside it (`benchmarks.harness.load`). Prints a Markdown table of medians; the ratio is the split's
-first step over the unsplit's.
+recorded beside it (`benchmarks.harness.load`), and the trainer process's own CPU-seconds to its `attempt 1`
+line and from there to its step 1 line (the figure the load moves least). Prints a Markdown table of medians
+(the ratio: the split's first step over the unsplit's) and one of each run's CPU-seconds.
 """
 
 from __future__ import annotations
@@ -73,9 +74,12 @@ def time_run(argv: list[str], steps: int) -> dict:
     start = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     begin = load.snapshot([process.pid])
-    lines = []
+    lines, cpu = [], {}  # cpu: the process's CPU-seconds when it printed its `attempt 1` and step 1 lines
     for line in process.stdout:
         lines.append((time.perf_counter() - start, line.rstrip("\n")))
+        mark = "build" if line.startswith("attempt 1 ") else "step" if FIRST.search(line) else None
+        if mark:
+            cpu[mark] = (load.own_jiffies([process.pid]) or 0) / 100  # jiffies are 1/100 s
         if STEP.match(line) and int(STEP.match(line).group(1)) == steps:
             break
     end = load.snapshot([process.pid])
@@ -83,7 +87,8 @@ def time_run(argv: list[str], steps: int) -> dict:
     process.wait()
     if not any(FIRST.search(line) for _, line in lines):
         raise RuntimeError("the run printed no first step:\n" + "\n".join(line for _, line in lines[-30:]))
-    return {**parse(lines), **load.window_load(begin, end)}
+    cpu_times = {"build_cpu": cpu["build"], "first_cpu": cpu["step"] - cpu["build"]}
+    return {**parse(lines), **cpu_times, **load.window_load(begin, end)}
 
 
 def run(models: list[str], parallel: list[int], repeats: int, steps: int, root: str) -> list[dict]:
@@ -121,6 +126,23 @@ def table(rows: list[dict]) -> str:
             out.append(
                 f"| {model} | {layout} | {build:.1f} | {first:.1f} | {later:.2f} | {first / base:.2f} | {loads} |"
             )
+    return "\n".join(out)
+
+
+def cpu_table(rows: list[dict]) -> str:
+    """Markdown: each run's CPU-seconds (the trainer process's own) to its `attempt 1` line and from there to its
+    step 1 line, and the first step's over that repeat's unsplit run's: the figure least moved by the load."""
+    out = ["| model | layout | repeat | build CPU-s | first step CPU-s | first / unsplit first, CPU |"]
+    out.append("|---|---|---|---|---|---|")
+    for r in rows:
+        if "first_cpu" not in r:
+            continue
+        base = next(x for x in rows if (x["model"], x["repeat"], x["parallel"]) == (r["model"], r["repeat"], 0))
+        layout = f"T={r['parallel']}, N={DEVICES}" if r["parallel"] else "unsplit (N=1)"
+        ratio = r["first_cpu"] / base["first_cpu"]
+        out.append(
+            f"| {r['model']} | {layout} | {r['repeat']} | {r['build_cpu']:.1f} | {r['first_cpu']:.1f} | {ratio:.2f} |"
+        )
     return "\n".join(out)
 
 
@@ -243,6 +265,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     print(table(rows))
+    if any("first_cpu" in r for r in rows):
+        print("\n" + cpu_table(rows))
     return 0
 
 

@@ -59,3 +59,16 @@ def test_bytes_table_sets_the_counted_activations_beside_megatrons_in_units_of_a
     assert a == 8 * 16 * 32 * 4
     line = probe.bytes_table([row]).splitlines()[2]
     assert line == "| 2 | 4 | 278,696 | 278,528 | 17 | 16 | 20 | scalars 168 |"
+
+
+@pytest.mark.quick
+def test_cpu_table_sets_each_runs_first_step_cpu_beside_its_repeats_unsplit_run():
+    rows = [
+        {"model": "hub", "parallel": 0, "repeat": 0, "build_cpu": 6.0, "first_cpu": 10.0},
+        {"model": "hub", "parallel": 2, "repeat": 0, "build_cpu": 7.0, "first_cpu": 31.0},
+        {"model": "hub", "parallel": 2, "repeat": 1, "build_cpu": 7.0, "first_cpu": 30.0},
+        {"model": "hub", "parallel": 0, "repeat": 1, "build_cpu": 6.0, "first_cpu": 12.0},
+    ]
+    lines = probe.cpu_table(rows).splitlines()
+    assert lines[3] == "| hub | T=2, N=4 | 0 | 7.0 | 31.0 | 3.10 |"
+    assert lines[4] == "| hub | T=2, N=4 | 1 | 7.0 | 30.0 | 2.50 |"
