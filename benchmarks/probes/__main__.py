@@ -24,6 +24,7 @@ COMMANDS = {
     "feature_checks": "benchmarks.probes.feature_checks",
     "first_step": "benchmarks.probes.first_step",
     "tensor_parallel": "benchmarks.probes.tensor_parallel",
+    "tensor_first_step": "benchmarks.probes.tensor_first_step",
 }
 
 if __name__ == "__main__":
