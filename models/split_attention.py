@@ -84,6 +84,9 @@ class HeadsAttention(keras.layers.Layer):
         args = (*args, *(kwargs.pop(name) for name in _INPUTS[len(args) :] if name in kwargs))  # Keras Hub names them
         if cache is not None:
             return self._cached(*args, cache=cache, training=training, **kwargs)
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dtype != "bool":  # read by every shard: a quarter of int32's bytes, same values
+            kwargs["attention_mask"] = ops.cast(mask, "bool")
         copied = [0] + [i for i in (1, 2) if i < len(args) and _copied(args[i], args[0])]
         masks = [backend.get_keras_mask(args[i]) for i in copied]
         copies = [sharded.to_shards(args[i], self.shards) if self.shards > 1 else [args[i]] for i in copied]
