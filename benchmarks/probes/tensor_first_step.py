@@ -50,7 +50,7 @@ def command(model: str, parallel: int, model_dir: str, records: tuple[str, str] 
     split = [f"--tensor_parallel={parallel}", f"--tensor_shards={DEVICES}"] if parallel else ["--tensor_shards=1"]
     task = ["--task=lm"]
     if model == "hub":
-        task = ["--task=tests.support.hub_tasks:HubGPT2", f"--train_data={records[0]}", f"--eval_data={records[1]}"]
+        task = ["--task=tests.support.hub_tasks:TiedGPT2", f"--train_data={records[0]}", f"--eval_data={records[1]}"]
     return [
         *(sys.executable, "-m", "trainer", *task, "--device=cpu", f"--num_gpus={DEVICES}", "--micro_batches=4"),
         *split,
@@ -97,7 +97,7 @@ def run(models: list[str], parallel: list[int], repeats: int, steps: int, root: 
     if "hub" in models:
         from tests.support import hub_tasks
 
-        records = hub_tasks.write_records(root, train=1024)
+        records = hub_tasks.write_records(root, records=1024)
     rows = []
     for repeat in range(repeats):
         for model in models:
@@ -161,14 +161,14 @@ def hub_trainer(towers: dict, root: str):
     from trainer.loop.build import build
     from trainer.settings import config as cfg
 
-    train_data, eval_data = hub_tasks.write_records(root, train=64, evaluation=8)
+    train_data, eval_data = hub_tasks.write_records(root, records=64)
     model_dir = f"{root}/hub-{len(os.listdir(root))}"
     return build(
         cfg.RunConfig(
             towers=cfg.TowerConfig(device="cpu", **towers),
             loop=cfg.LoopConfig(model_dir=model_dir, train_steps=10, export=False),
             data=cfg.DataConfig(train_data=train_data, eval_data=eval_data),
-            task=cfg.TaskConfig(name="tests.support.hub_tasks:HubGPT2"),
+            task=cfg.TaskConfig(name="tests.support.hub_tasks:TiedGPT2"),
         )
     )
 

@@ -21,13 +21,15 @@ from tasks import Feature, Task
 
 VOCAB = 64
 CONTEXT = 8
+HEADS = 4
+WIDTH = 32
 
 
 def gpt2_backbone(layers: int = 2, dropout: float = 0.0) -> keras.Model:
     import keras_hub
 
     return keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB, num_layers=layers, num_heads=4, hidden_dim=32, intermediate_dim=64,
+        vocabulary_size=VOCAB, num_layers=layers, num_heads=HEADS, hidden_dim=WIDTH, intermediate_dim=2 * WIDTH,
         max_sequence_length=2 * CONTEXT, dropout=dropout,
     )  # fmt: skip
 
@@ -36,8 +38,8 @@ def llama_backbone(layers: int = 2) -> keras.Model:
     import keras_hub
 
     return keras_hub.models.LlamaBackbone(
-        vocabulary_size=VOCAB, num_layers=layers, num_query_heads=4, num_key_value_heads=2, hidden_dim=32,
-        intermediate_dim=64,
+        vocabulary_size=VOCAB, num_layers=layers, num_query_heads=HEADS, num_key_value_heads=2, hidden_dim=WIDTH,
+        intermediate_dim=2 * WIDTH,
     )  # fmt: skip
 
 
