@@ -6,7 +6,7 @@ item 6; results: benchmarks/results/tensor-first-step.md).
 logical CPU devices, split as `--tensor_shards=4 --tensor_parallel=T` (4 / T towers of T devices, each wide layer
 in 4 shards) against `--tensor_shards=1` (4 towers, data parallel only), for two models: `lm`, the built-in
 language model at its default sizes on its built-in character data, and `hub`, a user's task around Keras Hub's
-GPT-2 (tests/support/hub_tasks.py, split by its built-in plan; keras-hub is a test extra).
+GPT-2 (benchmarks/harness/hub_tasks.py, split by its built-in plan; keras-hub is a test extra).
 
 Each run is `python -m trainer` itself in a fresh process (what a user waits for), timed from its console as
 the parent reads it: build, the seconds from the process's start to its `attempt 1` line (imports, model,
@@ -50,7 +50,11 @@ def command(model: str, parallel: int, model_dir: str, records: tuple[str, str] 
     split = [f"--tensor_parallel={parallel}", f"--tensor_shards={DEVICES}"] if parallel else ["--tensor_shards=1"]
     task = ["--task=lm"]
     if model == "hub":
-        task = ["--task=tests.support.hub_tasks:TiedGPT2", f"--train_data={records[0]}", f"--eval_data={records[1]}"]
+        task = [
+            "--task=benchmarks.harness.hub_tasks:TiedGPT2",
+            f"--train_data={records[0]}",
+            f"--eval_data={records[1]}",
+        ]
     return [
         *(sys.executable, "-m", "trainer", *task, "--device=cpu", f"--num_gpus={DEVICES}", "--micro_batches=4"),
         *split,
@@ -95,7 +99,7 @@ def run(models: list[str], parallel: list[int], repeats: int, steps: int, root: 
     """Every (model, layout) `repeats` times, the layouts of one repeat in `layouts` order."""
     records = None
     if "hub" in models:
-        from tests.support import hub_tasks
+        from benchmarks.harness import hub_tasks
 
         records = hub_tasks.write_records(root, records=1024)
     rows = []
@@ -147,8 +151,8 @@ def cpu_table(rows: list[dict]) -> str:
 
 
 def hub_size(micro_batch: int) -> Size:
-    """The Keras Hub GPT-2 of tests/support/hub_tasks.py as the formulas' `Size`."""
-    from tests.support import hub_tasks
+    """The Keras Hub GPT-2 of benchmarks/harness/hub_tasks.py as the formulas' `Size`."""
+    from benchmarks.harness import hub_tasks
 
     return Size(
         layers=2, heads=hub_tasks.HEADS, width=hub_tasks.WIDTH, context=hub_tasks.CONTEXT, micro_batch=micro_batch
@@ -157,7 +161,7 @@ def hub_size(micro_batch: int) -> Size:
 
 def hub_trainer(towers: dict, root: str):
     """The trainer of the Keras Hub GPT-2 task with `towers` (`TowerConfig`'s fields), on records under `root`."""
-    from tests.support import hub_tasks
+    from benchmarks.harness import hub_tasks
     from trainer.loop.build import build
     from trainer.settings import config as cfg
 
@@ -168,7 +172,7 @@ def hub_trainer(towers: dict, root: str):
             towers=cfg.TowerConfig(device="cpu", **towers),
             loop=cfg.LoopConfig(model_dir=model_dir, train_steps=10, export=False),
             data=cfg.DataConfig(train_data=train_data, eval_data=eval_data),
-            task=cfg.TaskConfig(name="tests.support.hub_tasks:TiedGPT2"),
+            task=cfg.TaskConfig(name="benchmarks.harness.hub_tasks:TiedGPT2"),
         )
     )
 

@@ -30,7 +30,7 @@ def test_split_and_unsplit_commands_keep_the_devices_and_micro_batches():
         assert {"--num_gpus=4", "--micro_batches=4", "--train_steps=3", "--log_every_steps=1"} <= set(argv)
     assert "--tensor_shards=1" in unsplit and not any(a.startswith("--tensor_parallel") for a in unsplit)
     assert {"--tensor_parallel=2", "--tensor_shards=4", "--train_data=/t.tfrecord"} <= set(split)
-    assert "--task=tests.support.hub_tasks:TiedGPT2" in split
+    assert "--task=benchmarks.harness.hub_tasks:TiedGPT2" in split
     assert probe.layouts([1, 2, 4]) == [0, 1, 2, 4]
 
 
@@ -56,7 +56,7 @@ def test_bytes_table_sets_the_counted_activations_beside_megatrons_in_units_of_a
     a = size.activation
     row = {"parallel": 2, "activation": a, "total": 17 * a + 168, "activations": 17 * a, "kinds": {"scalars": 168}}
     row.update(megatron_split_layers=16 * a, megatron_all=probe.megatron_bytes(size, 2))
-    assert a == 8 * 8 * 32 * 4  # b x s x h x 4 bytes of tests/support/hub_tasks.py's windows
+    assert a == 8 * 8 * 32 * 4  # b x s x h x 4 bytes of benchmarks/harness/hub_tasks.py's windows
     line = probe.bytes_table([row]).splitlines()[2]
     assert line == "| 2 | 4 | 139,432 | 139,264 | 17 | 16 | 20 | scalars 168 |"
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks.harness import hub_tasks
 from models import ModelError, layout, sharded
-from tests.support import hub_tasks
 from trainer.system import determinism
 
 pytest.importorskip("keras_hub")

@@ -20,7 +20,7 @@ MASK = np.array([[1] * 8, [1] * 5 + [0] * 3])
 
 def _hub_model(backbone: str) -> keras.Model:
     pytest.importorskip("keras_hub")
-    from tests.support import hub_tasks
+    from benchmarks.harness import hub_tasks
 
     keras.utils.set_random_seed(1)
     build = hub_tasks.gpt2_backbone if backbone == "gpt2" else hub_tasks.llama_backbone
@@ -65,7 +65,7 @@ def test_a_tied_head_is_refused_as_tied_weights():
     """A head that reads the backbone's embedding (`token_embedding(x, reverse=True)`, GPT2CausalLM's) shares its
     variable with the first piece: no stage can own it."""
     pytest.importorskip("keras_hub")
-    from tests.support import hub_tasks
+    from benchmarks.harness import hub_tasks
 
     backbone = hub_tasks.gpt2_backbone()
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("token_ids", "padding_mask")}

@@ -82,11 +82,11 @@ def test_a_convolutional_model_with_batchnorm_trains_the_data_parallel_weights(
 
 
 def test_a_keras_hub_backbone_trains_the_data_parallel_weights_cut_between_its_layers(tmp_path, make_config):
-    """tests/support/hub_tasks.py `HubGPT2` (a GPT2Backbone, dropout 0.1, nested in the task's model) at S = 2, cut
+    """benchmarks/harness/hub_tasks.py `HubGPT2` (a GPT2Backbone, dropout 0.1, nested in the task's model) at S = 2, cut
     after the embeddings' dropout: the block, with the padding mask crossing beside the activation, on the second
     device. The weights of 2 towers without stages. Two runs of 2 steps: about 30 s."""
     pytest.importorskip("keras_hub")
-    from tests.support import hub_tasks
+    from benchmarks.harness import hub_tasks
     from trainer.loop.run import train
 
     train_data, eval_data = hub_tasks.write_records(str(tmp_path))
@@ -97,7 +97,7 @@ def test_a_keras_hub_backbone_trains_the_data_parallel_weights_cut_between_its_l
             towers={"global_batch_size": 4, "micro_batches": 2, "pipeline_stages": num_stages, "pipeline_cuts": cuts},
             loop={"train_steps": 2, "log_every_steps": 1},
             data={"train_data": train_data, "eval_data": eval_data},
-            task={"name": "tests.support.hub_tasks:HubGPT2"},
+            task={"name": "benchmarks.harness.hub_tasks:HubGPT2"},
         )
         runs[num_stages] = train(config)
     assert runs[2]["pipeline"]["stage_pieces"] == ["token_embedding..embeddings_dropout", "transformer_layer_0..head"]

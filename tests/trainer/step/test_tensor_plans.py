@@ -1,5 +1,5 @@
 """A model the user brings, split by a built-in plan: a task of their own around Keras Hub's GPT-2 backbone
-(tests/support/hub_tasks.py `HubGPT2`: a block with dropout 0.1, an untied head) trains with `--tensor_parallel=2`
+(benchmarks/harness/hub_tasks.py `HubGPT2`: a block with dropout 0.1, an untied head) trains with `--tensor_parallel=2`
 alone, as a user spells it, and at 2 stages x T = 2 cut between the backbone's layers, with the weights of one
 device holding both shards; the banner names what the plan split. keras-hub is a test extra.
 """
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from tests.support import hub_tasks
+from benchmarks.harness import hub_tasks
 from tests.support.runs import cpu_flags, run_trainer
 
 pytest.importorskip("keras_hub")
 
-TASK = "tests.support.hub_tasks:HubGPT2"
+TASK = "benchmarks.harness.hub_tasks:HubGPT2"
 STEPS = 3
 SPLIT = (
     "transformer_layer_0/self_attention (heads), transformer_layer_0/feedforward_intermediate_dense (column), "

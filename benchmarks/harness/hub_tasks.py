@@ -2,7 +2,7 @@
 built by Keras Hub's own code from a small config (random weights, nothing downloaded), nested as one layer of
 the task's functional model, next-token cross-entropy over token windows. The padding mask is computed in
 `model_inputs`, so it reaches the model as an input (and crosses each pipeline cut beside the activations).
-Run them as ``--task=tests.support.hub_tasks:HubGPT2`` (or ``TiedGPT2``, ``HubLlama``) from the repository's
+Run them as ``--task=benchmarks.harness.hub_tasks:HubGPT2`` (or ``TiedGPT2``, ``HubLlama``) from the repository's
 root. keras-hub is a test extra: the trainer never imports it, and this module imports it only to build.
 
 `write_records` makes their records: windows of 3..CONTEXT+1 random token ids, padded per micro-batch.
