@@ -23,6 +23,7 @@ columns then rows; Keras Hub's Llama blocks: the SwiGLU MLP (gate and up by colu
 
 from __future__ import annotations
 
+import functools
 import re
 
 import keras
@@ -32,8 +33,14 @@ from models import sharded, split_attention, split_dense, surgery, vocab_shards
 from models.registry import ModelError
 
 SPLITS = {  # how -> (the split of a layer: maker(layer, shards, in_graph), the check refusing what it cannot split)
-    "column": (lambda layer, shards, in_graph: split_dense.ColumnDense.of(layer, shards), split_dense.column_check),
-    "row": (lambda layer, shards, in_graph: split_dense.RowDense.of(layer, shards), split_dense.row_check),
+    "column": (
+        lambda layer, shards, in_graph: split_dense.ColumnDense.of(layer, shards),
+        functools.partial(split_dense.check, how="column"),
+    ),
+    "row": (
+        lambda layer, shards, in_graph: split_dense.RowDense.of(layer, shards),
+        functools.partial(split_dense.check, how="row"),
+    ),
     "heads": (lambda layer, shards, in_graph: split_attention.HeadsAttention.of(layer, shards), split_attention.check),
     "vocabulary": (vocab_shards.split_of, vocab_shards.check),
 }

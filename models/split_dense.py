@@ -40,14 +40,6 @@ def check(layer, path: str, shards: int, named: str, how: str) -> None:
         )
 
 
-def column_check(layer, path: str, shards: int, named: str) -> None:
-    check(layer, path, shards, named, "column")
-
-
-def row_check(layer, path: str, shards: int, named: str) -> None:
-    check(layer, path, shards, named, "row")
-
-
 def refuse_extras(layer, path: str) -> None:
     """Refuses regularizers, constraints, LoRA and quantization, which a split layer does not keep."""
     kept = [name for name in EXTRAS if getattr(layer, name, None) or getattr(layer, f"_{name}", None)]

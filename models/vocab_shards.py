@@ -224,17 +224,21 @@ def whole(logits, vocab: int):
     return joined if joined.shape[-1] == vocab else joined[..., :vocab]
 
 
-def split_vocabulary(model) -> int | None:
-    """The vocabulary of ``model``'s head when it is split by vocabulary (its outputs a tuple of shards), or None."""
+def gathered_for(task, model) -> int | None:
+    """The vocabulary of ``model``'s head when it is split by vocabulary and ``task`` does not compute on the
+    shards (``Task.vocabulary_shards``): its logits are gathered for the task (`for_task`, `served`, the
+    banner's line); else None."""
+    if getattr(task, "vocabulary_shards", False):
+        return None
     heads = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, VocabHead)]
     return heads[0].vocab if heads else None
 
 
 def for_task(task, model, outputs):
-    """``outputs`` as ``task`` takes them: a split head's shards gathered into whole logits (`whole`) unless the
-    task computes on shards (``Task.vocabulary_shards``); anything else as it is."""
-    vocab = split_vocabulary(model)
-    return outputs if vocab is None or getattr(task, "vocabulary_shards", False) else whole(outputs, vocab)
+    """``outputs`` as ``task`` takes them: a split head's shards gathered into whole logits (`whole`) when
+    `gathered_for` says so; anything else as it is."""
+    vocab = gathered_for(task, model)
+    return outputs if vocab is None else whole(outputs, vocab)
 
 
 class Gathered(keras.Model):
@@ -250,6 +254,6 @@ class Gathered(keras.Model):
 
 
 def served(task, model):
-    """The model ``task.serving`` is given: ``model``, or `Gathered` around it (`for_task`'s rule)."""
-    vocab = split_vocabulary(model)
-    return model if vocab is None or getattr(task, "vocabulary_shards", False) else Gathered(model, vocab)
+    """The model ``task.serving`` is given: ``model``, or `Gathered` around it (`gathered_for`'s rule)."""
+    vocab = gathered_for(task, model)
+    return model if vocab is None else Gathered(model, vocab)

@@ -93,15 +93,12 @@ def _tensor_lines(model, split, task=None) -> list[str]:
         named = [*named[:2], "...", named[-1], f"{len(named)} layers in all"]
     padding = vocab_shards.padding(model)  # a vocabulary the shards do not divide: what padding it costs
     padded = [f"tensor     {vocab_shards.describe_padding(padding)}"] if padding else []
-    vocab = vocab_shards.split_vocabulary(model)
-    gathered = (
-        [
-            f"tensor     the head's {vocab} logits per position gathered on shard 0's device for the task's loss, "
-            "metrics and serving (it does not set vocabulary_shards: docs/tensor_parallel.md)"
-        ]
-        if vocab is not None and not getattr(task, "vocabulary_shards", False)
-        else []
-    )
+    vocab = vocab_shards.gathered_for(task, model)
+    gathered = [
+        f"tensor     the head's {vocab} logits per position gathered on shard 0's device for the task's loss, "
+        "metrics and serving (it does not set vocabulary_shards: docs/tensor_parallel.md)"
+    ]
+    gathered = gathered if vocab is not None else []
     return [f"tensor     {split.shards} shards per split layer, {where}: {', '.join(named)}", *padded, *gathered]
 
 

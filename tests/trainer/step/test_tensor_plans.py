@@ -79,7 +79,7 @@ def test_a_users_loss_on_whole_logits_works_when_the_head_is_split_by_vocabulary
     batch = {"tokens": tf.constant(tokens), "tokens_length": tf.constant([9, 9, 5, 3])}
     unsplit = micro_batch.weighted_sums(task, model(task.model_inputs(batch)), batch)
     model = layout.split(model, (("head", "vocabulary"),), 2)
-    assert vocab_shards.split_vocabulary(model) == hub_tasks.VOCAB
+    assert vocab_shards.gathered_for(task, model) == hub_tasks.VOCAB
 
     @tf.function  # a shard's backward is built by tf.gradients (models.sharded.run): a graph
     def step():
